@@ -1,0 +1,108 @@
+"""daifu: in-situ crash recovery for Python training jobs.
+
+A crash in a vaccinated function stops at a *crash barrier* inside the live
+frame; fixes (rules now; console, remote attach and replay later) patch the
+live program, and the failing statement is retried or skipped::
+
+    import daifu
+
+    @daifu.on(FileNotFoundError)
+    def make_dir(crash):
+        os.makedirs(os.path.dirname(crash.vars["path"]), exist_ok=True)
+        return daifu.RETRY
+
+Run a script with ``python -m daifu train.py``; see README.md and docs/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ._errors import (
+    ConfigError,
+    DaifuError,
+    DaifuWarning,
+    NotVaccinatedWarning,
+    PatchError,
+    TransformError,
+    UnsupportedPythonWarning,
+)
+from .engine import ABORT, ENGINE, RETRY, SKIP, Crash, Decision, replace
+from .engine._rules import Rule, Where
+
+__version__ = "0.1.0"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def on(exc_type: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+       where: Where = None) -> Callable[[F], F]:
+    """Register a rule: ``fn(crash)`` is called for crashes of ``exc_type``.
+
+    ``where`` narrows it: a qualname glob (``"train"``, ``"Trainer.*"``), a file
+    (``"train.py"``), a ``"file.py:LINE"`` (any line of the failing statement),
+    or a predicate ``where(crash) -> bool``.  The rule returns ``daifu.RETRY``,
+    ``daifu.SKIP``, ``daifu.ABORT`` or ``None`` (not mine: ask the next rule).
+    Rules run in registration order; a rule that raises is reported and skipped.
+    """
+    types_ = exc_type if isinstance(exc_type, tuple) else (exc_type,)
+    for t in types_:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise TypeError(f"daifu.on expects exception classes, got {t!r}")
+
+    def register(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"daifu.on decorates a callable, got {fn!r}")
+        ENGINE.rules.add(Rule(fn, types_, where))
+        return fn
+
+    return register
+
+
+def vaccinate(fn: F) -> F:
+    """Mark a function as an entry point and vaccinate it now if the import
+    hook did not already.  If it cannot be vaccinated, warns
+    (``NotVaccinatedWarning``) and returns the function unchanged."""
+    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    from .cells import vaccinate_function
+
+    vaccinate_function(target)
+    return fn
+
+
+def install(modules: str | None = None, entry: str | None = None) -> Any:
+    """Install the import hook for modules matching ``modules`` (default
+    ``DAIFU_MODULES``).  Returns a handle; ``handle.uninstall()`` or use it as
+    a context manager."""
+    from .hooks import install as _install
+
+    return _install(modules=modules, entry=entry)
+
+
+def uninstall() -> None:
+    """Remove daifu's import hook (vaccinated code stays vaccinated)."""
+    from .hooks import uninstall as _uninstall
+
+    _uninstall()
+
+
+__all__ = [
+    "ABORT",
+    "RETRY",
+    "SKIP",
+    "ConfigError",
+    "Crash",
+    "DaifuError",
+    "DaifuWarning",
+    "Decision",
+    "NotVaccinatedWarning",
+    "PatchError",
+    "TransformError",
+    "UnsupportedPythonWarning",
+    "install",
+    "on",
+    "replace",
+    "uninstall",
+    "vaccinate",
+]

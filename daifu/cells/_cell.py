@@ -1,0 +1,154 @@
+"""Version-neutral descriptions of vaccinated code: cells, guards, code info.
+
+A *cell* is the unit of recovery: one contiguous run of a statement's
+bytecode that daifu can re-execute from its start (retry) and, for simple
+statements, jump over (skip).  The rewrite (``_py311``) builds one ``Cell`` per
+run and stores it as a constant of the rewritten code, so the crash barrier
+receives it directly: no lookup tables on the crash path, nothing at all on
+the normal path.
+
+*Guards* describe what the function's own exception handlers would do with an
+exception raised in the cell, innermost first.  The engine evaluates them at
+the crash to decide whether the user's code would catch the exception (then
+daifu stays out of the way) or whether it would escape the function (then it
+is a crash).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Clause:
+    """One ``except X:`` clause.
+
+    ``test`` evaluates the clause's type expression in the frame's namespace;
+    ``None`` means daifu could not (a call in the expression, say) and must
+    assume the clause matches.  ``reraises`` is true when every path through
+    the clause body ends in a bare ``raise`` (log-and-re-raise handlers), so the
+    exception escapes anyway and daifu may intercept it first.
+    """
+
+    test: types.CodeType | None
+    text: str = ""
+    bare: bool = False
+    reraises: bool = False
+    lineno: int | None = None
+    col: int | None = None
+
+
+@dataclass(eq=False)
+class ExceptGuard:
+    """A ``try/except`` around the cell; catches when one of its clauses matches."""
+
+    clauses: tuple[Clause, ...]
+    kind: str = "except"
+
+
+@dataclass(eq=False)
+class WithGuard:
+    """A ``with`` around the cell; ``slot`` is the value-stack index of ``__exit__``."""
+
+    slot: int
+    kind: str = "with"
+
+
+@dataclass(eq=False)
+class FinallyGuard:
+    """A ``finally`` around the cell; it runs and re-raises (``swallows`` if it
+    contains ``return``/``break``/``continue``)."""
+
+    swallows: bool = False
+    kind: str = "finally"
+
+
+@dataclass(eq=False)
+class OpaqueGuard:
+    """A handler daifu cannot reason about (``except*``, unknown shape): assume
+    it catches, so daifu never takes an exception the program might handle."""
+
+    reason: str
+    kind: str = "opaque"
+
+
+Guard = ExceptGuard | WithGuard | FinallyGuard | OpaqueGuard
+
+
+@dataclass(eq=False)
+class CodeInfo:
+    """What daifu knows about one vaccinated code object."""
+
+    qualname: str
+    filename: str
+    firstlineno: int
+    module: str | None = None
+    cells: list[Cell] = field(default_factory=list)
+    #: (start, stop) byte offsets in the rewritten code -> cell; filled lazily.
+    ranges: list[tuple[int, int, Cell]] | None = None
+    original: types.CodeType | None = None
+
+    def __repr__(self) -> str:
+        return f"<CodeInfo {self.qualname} {self.filename}:{self.firstlineno} cells={len(self.cells)}>"
+
+
+@dataclass(eq=False)
+class Cell:
+    """One recoverable run of a statement (see module docstring)."""
+
+    info: CodeInfo
+    index: int
+    lineno: int | None
+    end_lineno: int | None
+    col: int | None
+    end_col: int | None
+    #: ``ast`` class name of the statement (``Assign``, ``For`` ...).
+    stmt: str
+    #: what the run is: ``statement``, ``loop-header``, ``loop-init``,
+    #: ``condition``, ``with-enter``, ``with-exit``, ``match``, ``return``,
+    #: ``raise``, ``loop-end``.
+    role: str
+    source: str
+    retry_reason: str | None
+    skip_reason: str | None
+    #: what skip does, in words ("continue after the statement", "end the loop").
+    skip_effect: str | None
+    guards: tuple[Guard, ...]
+    #: names of the values the barrier receives from the value stack, in order
+    #: (``iterator`` for a loop header, ``with_exit`` per enclosing ``with``).
+    stack_roles: tuple[str, ...] = ()
+    #: base value-stack depth of the run (diagnostics).
+    depth: int = 0
+
+    @property
+    def can_retry(self) -> bool:
+        return self.retry_reason is None
+
+    @property
+    def can_skip(self) -> bool:
+        return self.skip_reason is None
+
+    @property
+    def location(self) -> str:
+        return f"{self.info.filename}:{self.lineno}"
+
+    def __repr__(self) -> str:
+        return (
+            f"<Cell {self.info.qualname}#{self.index} line {self.lineno} {self.role} "
+            f"{self.source[:40]!r}>"
+        )
+
+
+def cells_of(code: types.CodeType) -> CodeInfo | None:
+    """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
+    for const in code.co_consts:
+        if type(const) is Cell:
+            return const.info
+    return None
+
+
+def is_vaccinated(code: Any) -> bool:
+    """True if ``code`` (a code object) was produced by daifu's rewrite."""
+    return isinstance(code, types.CodeType) and cells_of(code) is not None

@@ -1,0 +1,27 @@
+"""Pick the bytecode rewrite for the running interpreter.
+
+One small module per CPython version (``_py311`` ...), each asserting its
+version.  An interpreter daifu does not know gets ``None`` and a reason: the
+caller warns and runs the original code.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+SUPPORTED = ((3, 11),)
+
+
+def backend(version: tuple[int, int] | None = None) -> tuple[ModuleType | None, str | None]:
+    """Return ``(module, None)`` for a supported interpreter, else ``(None, reason)``."""
+    ver = version or sys.version_info[:2]
+    if ver == (3, 11) and sys.version_info[:2] == (3, 11):
+        from . import _py311
+
+        return _py311, None
+    known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED)
+    return None, (
+        f"daifu does not know the bytecode of Python {ver[0]}.{ver[1]} (supported: {known}); "
+        "the program runs unmodified, without crash interception"
+    )

@@ -1,0 +1,826 @@
+"""Bytecode rewrite for CPython 3.11 (the "in-frame barrier").
+
+Nothing is added to the normal execution path.  For every *cell* (a run of one
+statement's instructions that can be re-executed from its start) the rewrite
+
+* points the exception table of the cell's instructions at a per-cell *stub*
+  appended to the code, with the cell's base stack depth and ``lasti`` pushed.
+  CPython then unwinds only to that depth: outer loop iterators, ``with``
+  exits and ``except`` state stay on the value stack, the frame stays alive;
+* the stub calls the engine's barrier ``barrier(exc, cell, lasti, stackvals)``
+  while the frame is suspended and dispatches on its answer: 0 retry, 1 skip,
+  anything else re-raise.  The re-raise is a ``RERAISE 1`` covered by the
+  exception-table entry the instruction originally had, so the user's handlers,
+  ``with`` exits and ``finally`` blocks run exactly as before, with the original
+  traceback and ``f_lasti``;
+* retry jumps to a *copy* of the cell whose exits pass through a small
+  trampoline calling ``resumed(cell)`` -- that is how the engine learns that the
+  retried statement completed, without any cost when nothing crashed.
+
+Only CPython 3.11 is handled here; ``_dispatch`` refuses other versions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bytecode import Bytecode, Compare, Instr, Label, TryBegin, TryEnd
+from bytecode.instr import CellVar, FreeVar, InstrLocation
+
+from ._cell import (
+    Cell,
+    Clause,
+    CodeInfo,
+    ExceptGuard,
+    FinallyGuard,
+    Guard,
+    OpaqueGuard,
+    WithGuard,
+)
+from ._source import ModuleSource
+
+assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 only"
+
+PYTHON = (3, 11)
+
+#: stub answers (the barrier returns one of these; anything else re-raises)
+RETRY, SKIP = 0, 1
+
+
+class Unsupported(Exception):
+    """This code object cannot be rewritten; the message says why."""
+
+
+# The exception-handling machinery: never part of a cell.
+_MACHINERY = frozenset(
+    {
+        "PUSH_EXC_INFO",
+        "POP_EXCEPT",
+        "CHECK_EXC_MATCH",
+        "CHECK_EG_MATCH",
+        "PREP_RERAISE_STAR",
+        "WITH_EXCEPT_START",
+        "RERAISE",
+        "END_ASYNC_FOR",
+        "RETURN_GENERATOR",
+        "COPY_FREE_VARS",
+        "MAKE_CELL",
+        "RESUME_QUICK",
+    }
+)
+# No fall-through to the next instruction.
+_TERMINAL = frozenset(
+    {
+        "RETURN_VALUE",
+        "RAISE_VARARGS",
+        "RERAISE",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+    }
+)
+_FORWARD = {
+    "JUMP_BACKWARD": "JUMP_FORWARD",
+    "POP_JUMP_BACKWARD_IF_TRUE": "POP_JUMP_FORWARD_IF_TRUE",
+    "POP_JUMP_BACKWARD_IF_FALSE": "POP_JUMP_FORWARD_IF_FALSE",
+    "POP_JUMP_BACKWARD_IF_NONE": "POP_JUMP_FORWARD_IF_NONE",
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": "POP_JUMP_FORWARD_IF_NOT_NONE",
+}
+_FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"})
+# Cleanup code that a handler runs on its way to re-raising.
+_PASS_THROUGH = frozenset(
+    {
+        "COPY",
+        "POP_EXCEPT",
+        "LOAD_CONST",
+        "STORE_FAST",
+        "STORE_NAME",
+        "STORE_DEREF",
+        "STORE_GLOBAL",
+        "DELETE_FAST",
+        "DELETE_NAME",
+        "DELETE_DEREF",
+        "DELETE_GLOBAL",
+        "POP_TOP",
+        "SWAP",
+        "NOP",
+    }
+)
+_CLAUSE_LOADS = frozenset(
+    {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_ATTR",
+     "LOAD_CONST", "BUILD_TUPLE"}
+)
+_CLAUSE_STOP = frozenset(
+    {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL", "STORE_ATTR", "STORE_SUBSCR",
+     "POP_TOP", "RETURN_VALUE", "RERAISE", "RAISE_VARARGS", "JUMP_FORWARD", "JUMP_BACKWARD",
+     "NOP", "PUSH_EXC_INFO", "POP_EXCEPT", "YIELD_VALUE", "FOR_ITER", "BEFORE_WITH"}
+)
+
+EntryKey = tuple  # (handler Label, push_lasti: bool, depth: int)
+
+
+@dataclass
+class _Op:
+    instr: Instr
+    entry: EntryKey | None
+    depth: int | None = None
+
+
+@dataclass
+class _Run:
+    start: int
+    base: int
+    stmt: object
+    entry: EntryKey | None
+    stop: int = 0  # exclusive
+    cell: Cell | None = None
+    stub: Label = field(default_factory=Label)
+    copy: Label = field(default_factory=Label)
+    skip_target: int | None = None
+    skip_pops: int = 0
+
+    def __contains__(self, i: int) -> bool:
+        return self.start <= i < self.stop
+
+
+# -- frame locals (the frame-context mapping writes through this) ---------------
+
+_locals_to_fast = ctypes.pythonapi.PyFrame_LocalsToFast
+_locals_to_fast.argtypes = [ctypes.py_object, ctypes.c_int]
+_locals_to_fast.restype = None
+
+
+def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] = ()) -> None:
+    """Store into a suspended function frame's fast locals (and cells).
+
+    3.11 has no write-through ``f_locals``: refresh the snapshot dict, change
+    it, and copy it back with ``PyFrame_LocalsToFast`` (what pdb relies on).
+    """
+    snapshot = frame.f_locals
+    snapshot.update(values)
+    for name in deleted:
+        snapshot.pop(name, None)
+    _locals_to_fast(frame, 1)
+
+
+# -- decoding and analysis ------------------------------------------------------
+
+
+def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
+    ops: list[_Op] = []
+    label_at: dict[Label, int] = {}
+    pending: list[Label] = []
+    current: TryBegin | None = None
+    for item in bc:
+        if isinstance(item, Label):
+            pending.append(item)
+        elif isinstance(item, TryBegin):
+            current = item
+        elif isinstance(item, TryEnd):
+            if item.entry is current:
+                current = None
+        elif isinstance(item, Instr):
+            for label in pending:
+                label_at[label] = len(ops)
+            pending.clear()
+            key = None
+            if current is not None:
+                if not isinstance(current.stack_depth, int):
+                    raise Unsupported("exception table entry without a stack depth")
+                key = (current.target, bool(current.push_lasti), current.stack_depth)
+            ops.append(_Op(item, key))
+        else:
+            raise Unsupported(f"unexpected bytecode item {item!r}")
+    for label in pending:
+        label_at[label] = len(ops)
+    return ops, label_at
+
+
+def _effect(instr: Instr, jump: bool) -> int:
+    if instr.name == "RETURN_GENERATOR":
+        return 1  # on resumption the sent value is on the stack (popped next)
+    return instr.stack_effect(jump=jump)
+
+
+def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
+    """Fill ``op.depth`` (stack depth before each instruction); return the max."""
+    if not ops:
+        raise Unsupported("empty code")
+    for op in ops:
+        op.depth = None
+    peak = 0
+
+    def flow(i: int, depth: int) -> None:
+        nonlocal peak
+        if i >= len(ops):
+            raise Unsupported("control flow falls off the end of the code")
+        if depth < 0:
+            raise Unsupported(f"negative stack depth at instruction {i}")
+        known = ops[i].depth
+        if known is None:
+            ops[i].depth = depth
+            peak = max(peak, depth)
+            work.append(i)
+        elif known != depth:
+            raise Unsupported(f"inconsistent stack depth at instruction {i}: {known} != {depth}")
+
+    work: list[int] = []
+    flow(0, 0)
+    while work:
+        i = work.pop()
+        op = ops[i]
+        depth = op.depth
+        assert depth is not None
+        instr = op.instr
+        if op.entry is not None:
+            target, lasti, edepth = op.entry
+            flow(label_at[target], edepth + int(lasti) + 1)
+        if instr.has_jump():
+            after = depth + _effect(instr, True)
+            peak = max(peak, after, depth + max(0, _effect(instr, True)))
+            flow(label_at[instr.arg], after)
+        if instr.name not in _TERMINAL:
+            after = depth + _effect(instr, False)
+            peak = max(peak, after)
+            flow(i + 1, after)
+    return peak
+
+
+def _touch(instr: Instr, depth: int) -> int:
+    """Lowest value-stack index the instruction removes or rewrites on its
+    fall-through and error paths (reads do not count)."""
+    name = instr.name
+    arg = instr.arg
+    # bytecode's 3.11 stack model: PRECALL pops the arguments, CALL the
+    # callable and self/NULL -- but PRECALL may rewrite those two slots
+    if name == "PRECALL":
+        return depth - (arg + 2)
+    if name == "CALL":
+        return depth - 2
+    if name in ("COPY", "KW_NAMES", "FOR_ITER", "NOP", "RESUME"):
+        return depth
+    if name == "SWAP":
+        return depth - arg
+    if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE",
+                "DICT_MERGE"):
+        return depth - 1 - arg
+    if name == "MAP_ADD":
+        return depth - 2 - arg
+    if instr.has_jump():
+        pre = min(instr.pre_and_post_stack_effect(jump=True)[0],
+                  instr.pre_and_post_stack_effect(jump=False)[0])
+    else:
+        pre = instr.pre_and_post_stack_effect()[0]
+    return depth + min(pre, 0)
+
+
+def _location(instr: Instr) -> tuple:
+    loc = instr.location
+    if loc is None:
+        return (None, None, None, None)
+    return (loc.lineno, loc.end_lineno, loc.col_offset, loc.end_col_offset)
+
+
+# -- cells ------------------------------------------------------------------------
+
+
+def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list[_Run]:
+    forced: set[int] = set()
+    while True:
+        runs: list[_Run] = []
+        run: _Run | None = None
+
+        def close() -> None:
+            nonlocal run
+            if run is not None:
+                runs.append(run)
+                run = None
+
+        for i, op in enumerate(ops):
+            depth = op.depth
+            stmt = stmts[i]
+            if depth is None or stmt is None or op.instr.name in _MACHINERY:
+                close()
+                continue
+            touch = _touch(op.instr, depth)
+            if (
+                run is not None
+                and i not in forced
+                and run.stmt is stmt
+                and run.entry == op.entry
+                and touch >= run.base
+            ):
+                run.stop = i + 1
+                continue
+            close()
+            if touch >= depth and (op.entry is None or op.entry[2] <= depth):
+                run = _Run(start=i, base=depth, stmt=stmt, entry=op.entry, stop=i + 1)
+        close()
+
+        # A cell must be entered only at its start: split where a jump from
+        # outside the cell lands inside it.
+        owner = {}
+        for r in runs:
+            for i in range(r.start, r.stop):
+                owner[i] = r
+        new_forced = set()
+        for j, op in enumerate(ops):
+            if not op.instr.has_jump():
+                continue
+            t = label_at[op.instr.arg]
+            r = owner.get(t)
+            if r is not None and t != r.start and owner.get(j) is not r:
+                new_forced.add(t)
+        if new_forced <= forced:
+            return runs
+        forced |= new_forced
+
+
+def _role(run: _Run, ops: list[_Op]) -> str:
+    names = {ops[i].instr.name for i in range(run.start, run.stop)}
+    kind = type(run.stmt).__name__
+    if kind in ("For", "AsyncFor"):
+        if "FOR_ITER" in names:
+            return "loop-header"
+        if "GET_ITER" in names or "GET_AITER" in names:
+            return "loop-init"
+        return "loop-end"
+    if kind in ("While", "If"):
+        return "condition"
+    if kind in ("With", "AsyncWith"):
+        return "with-enter" if "BEFORE_WITH" in names else "with-exit"
+    if kind == "Match":
+        return "match"
+    if kind == "Return":
+        return "return"
+    if kind == "Raise":
+        return "raise"
+    if kind in ("Try", "TryStar"):
+        return "except-clause"
+    return "statement"
+
+
+_SIMPLE = frozenset(
+    {"Expr", "Assign", "AugAssign", "AnnAssign", "Delete", "Assert", "Import", "ImportFrom",
+     "Pass", "Global", "Nonlocal", "FunctionDef", "AsyncFunctionDef", "ClassDef"}
+)
+
+
+def _exits(run: _Run, ops: list[_Op], label_at: dict[Label, int]) -> list[tuple[int, int, int]]:
+    """Edges leaving the run: (from index, target index, depth at target)."""
+    out = []
+    for i in range(run.start, run.stop):
+        instr = ops[i].instr
+        depth = ops[i].depth
+        if instr.has_jump():
+            t = label_at[instr.arg]
+            if t not in run:
+                out.append((i, t, depth + _effect(instr, True)))
+        if instr.name not in _TERMINAL and i + 1 not in run:
+            out.append((i, i + 1, depth + _effect(instr, False)))
+    return out
+
+
+def _plan_skip(run: _Run, role: str, ops, label_at) -> tuple[str | None, str | None]:
+    """Decide whether skip is possible; set run.skip_target.  Returns
+    (reason it is not, what it does)."""
+    exits = _exits(run, ops, label_at)
+    if role == "loop-header":
+        for i, t, depth in exits:
+            if ops[i].instr.name == "FOR_ITER" and depth == run.base - 1:
+                run.skip_target, run.skip_pops = t, 1
+                return None, "end the loop as if the iterator were exhausted"
+        return "the loop's exit could not be located", None
+    if role != "statement" or type(run.stmt).__name__ not in _SIMPLE:
+        return f"skip is offered for simple statements and loop headers, not a {role}", None
+    targets = {(t, depth) for _, t, depth in exits}
+    if len(targets) == 1:
+        t, depth = targets.pop()
+        if depth == run.base:
+            run.skip_target = t
+            return None, "continue after the statement"
+    return "the statement has no single continuation", None
+
+
+# -- handler chains (what the function's own handlers would do) ------------------
+
+
+def _clause_code(instrs: list[Instr], filename: str) -> types.CodeType | None:
+    body: list[Instr] = []
+    for ins in instrs:
+        name = ins.name
+        if name == "LOAD_GLOBAL":
+            push_null, gname = ins.arg
+            if push_null:
+                return None
+            body.append(Instr("LOAD_NAME", gname))
+        elif name in ("LOAD_FAST", "LOAD_NAME"):
+            body.append(Instr("LOAD_NAME", ins.arg))
+        elif name in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+            var = ins.arg
+            body.append(Instr("LOAD_NAME", var.name if isinstance(var, (CellVar, FreeVar)) else var))
+        elif name in ("LOAD_ATTR", "LOAD_CONST", "BUILD_TUPLE"):
+            body.append(Instr(name, ins.arg))
+        else:
+            return None
+    if not body:
+        return None
+    bc = Bytecode([Instr("RESUME", 0), *body, Instr("RETURN_VALUE")])
+    bc.filename = filename
+    bc.name = "<except clause>"
+    bc.flags = 0
+    try:
+        return bc.to_code()
+    except Exception:  # pragma: no cover - defensive: a clause we mis-parsed
+        return None
+
+
+def _walk_to_reraise(ops: list[_Op], i: int) -> int | None:
+    """From a cleanup handler's start, the index of the RERAISE it ends in."""
+    for k in range(i, min(i + 12, len(ops))):
+        name = ops[k].instr.name
+        if name == "RERAISE":
+            return k
+        if name not in _PASS_THROUGH:
+            return None
+    return None
+
+
+def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, filename):
+    """Handler starting with PUSH_EXC_INFO at ``h``.  Returns (guard, catches_all)."""
+    nxt = ops[h + 1].instr if h + 1 < len(ops) else None
+    if nxt is None:
+        return OpaqueGuard("handler at end of code"), True
+    if nxt.name == "WITH_EXCEPT_START":
+        return WithGuard(slot=depth - 1), False
+    clauses: list[Clause] = []
+    j = h + 1
+    for _ in range(64):
+        first = ops[j].instr
+        if first.name == "POP_TOP":  # bare `except:` (always the last clause)
+            pos = _location(first)
+            clauses.append(Clause(None, text="except:", bare=True,
+                                  reraises=bool(msrc and msrc.clause_reraises(pos)),
+                                  lineno=pos[0], col=pos[2]))
+            return ExceptGuard(tuple(clauses)), False
+        if first.name == "RERAISE":  # no clause matched
+            return ExceptGuard(tuple(clauses)), False
+        # a typed clause: <type expression> CHECK_EXC_MATCH POP_JUMP_FORWARD_IF_FALSE
+        k = j
+        while k < len(ops) and ops[k].instr.name not in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
+            if ops[k].instr.name in _CLAUSE_STOP or ops[k].instr.has_jump():
+                break
+            k += 1
+        if k >= len(ops) or ops[k].instr.name not in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
+            if not clauses:
+                pos = _location(ops[h + 1].instr)
+                swallows = bool(msrc and msrc.finally_swallows(pos[0]))
+                return FinallyGuard(swallows=swallows), swallows
+            return OpaqueGuard("unrecognised except clause"), True
+        if ops[k].instr.name == "CHECK_EG_MATCH":
+            return OpaqueGuard("except* clause"), True
+        jmp = ops[k + 1].instr
+        if not jmp.name.startswith("POP_JUMP_FORWARD_IF_FALSE"):
+            return OpaqueGuard("unrecognised except clause"), True
+        type_instrs = [ops[x].instr for x in range(j, k)]
+        if any(ins.name not in _CLAUSE_LOADS for ins in type_instrs):
+            test = None
+        else:
+            test = _clause_code(type_instrs, filename)
+        pos = _location(ops[k].instr)
+        handler = msrc.handler_at(pos) if msrc else None
+        text = ""
+        if handler is not None and handler.type is not None and msrc is not None:
+            import ast
+
+            text = "except " + (ast.get_source_segment(msrc.source, handler.type) or "?") + ":"
+        clauses.append(Clause(test, text=text, reraises=bool(msrc and msrc.clause_reraises(pos)),
+                              lineno=pos[0], col=pos[2]))
+        j = label_at[jmp.arg]
+    return OpaqueGuard("too many except clauses"), True
+
+
+def handler_chain(ops, label_at, entry: EntryKey | None, msrc: ModuleSource | None,
+                  filename: str) -> tuple[Guard, ...]:
+    """The guards an exception meets from ``entry`` outwards, innermost first."""
+    guards: list[Guard] = []
+    for _ in range(256):
+        if entry is None:
+            break
+        target, _lasti, depth = entry
+        h = label_at[target]
+        name = ops[h].instr.name
+        if name == "PUSH_EXC_INFO":
+            guard, catches_all = _classify_handler(ops, label_at, h, depth, msrc, filename)
+            guards.append(guard)
+            if catches_all:
+                break
+            cleanup = ops[h].entry  # SETUP_CLEANUP covering the handler body
+            if cleanup is None:
+                break  # the handler's re-raise leaves the frame
+            k = _walk_to_reraise(ops, label_at[cleanup[0]])
+            if k is None:
+                guards.append(OpaqueGuard("unrecognised handler cleanup"))
+                break
+            entry = ops[k].entry
+        elif name == "END_ASYNC_FOR":
+            entry = ops[h].entry
+        else:
+            k = _walk_to_reraise(ops, h)
+            if k is None:
+                guards.append(OpaqueGuard(f"unrecognised handler starting with {name}"))
+                break
+            entry = ops[k].entry
+    return tuple(guards)
+
+
+def chain_for_code(code: types.CodeType, offset: int, msrc: ModuleSource | None):
+    """Guards around the instruction at byte ``offset`` of an *unmodified* code
+    object (used for caller frames at crash time)."""
+    import dis
+
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    ops, label_at = _flatten(bc)
+    offsets = [i.offset for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    idx = None
+    for n, off in enumerate(offsets):
+        if off > offset:
+            break
+        idx = n
+    if idx is None or idx >= len(ops):
+        return ()
+    return handler_chain(ops, label_at, ops[idx].entry, msrc, code.co_filename)
+
+
+# -- emission -------------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    instr: Instr | None = None
+    key: EntryKey | None = None
+    label: Label | None = None
+
+
+def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
+    if arg is None:
+        return Instr(name, location=loc)
+    return Instr(name, arg, location=loc)
+
+
+def _call(args_count: int, loc) -> list[Instr]:
+    """PRECALL/CALL for a callable already placed under its arguments."""
+    return [_instr("PRECALL", args_count, loc), _instr("CALL", args_count, loc)]
+
+
+def rewrite(
+    code: types.CodeType,
+    info: CodeInfo,
+    msrc: ModuleSource,
+    scope,
+    barrier: Callable,
+    resumed: Callable,
+    replace_consts: dict | None = None,
+) -> types.CodeType:
+    """Rewrite one code object; raise ``Unsupported`` if it cannot be done."""
+    if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
+        raise Unsupported("async functions and async generators are not vaccinated yet")
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    ops, label_at = _flatten(bc)
+    if replace_consts:
+        for op in ops:
+            if op.instr.name == "LOAD_CONST" and isinstance(op.instr.arg, types.CodeType):
+                new = replace_consts.get(id(op.instr.arg))
+                if new is not None:
+                    op.instr.arg = new
+    _analyse_depths(ops, label_at)
+
+    index = msrc.statements(scope)
+    stmts = [index.lookup(_location(op.instr)) if op.instr.location else None for op in ops]
+    runs = _build_runs(ops, label_at, stmts)
+    if not runs:
+        raise Unsupported("no statement could be made recoverable")
+
+    label_of: dict[int, Label] = {}
+    labels_at: dict[int, list[Label]] = {}
+    for label, i in label_at.items():
+        label_of.setdefault(i, label)
+        labels_at.setdefault(i, []).append(label)
+
+    def label_for(i: int) -> Label:
+        if i not in label_of:
+            label_of[i] = Label()
+        return label_of[i]
+
+    # cells
+    for n, run in enumerate(runs):
+        role = _role(run, ops)
+        skip_reason, skip_effect = _plan_skip(run, role, ops, label_at)
+        retry_reason = "a raise statement always raises" if role == "raise" else None
+        guards = handler_chain(ops, label_at, run.entry, msrc, code.co_filename)
+        roles = []
+        if role == "loop-header":
+            roles.append("iterator")
+        roles += ["with_exit"] * sum(isinstance(g, WithGuard) for g in guards)
+        first = ops[run.start].instr
+        line, end_line, col, end_col = _location(first)
+        stmt = run.stmt
+        run.cell = Cell(
+            info=info,
+            index=n,
+            lineno=getattr(stmt, "lineno", line),
+            end_lineno=getattr(stmt, "end_lineno", end_line),
+            col=getattr(stmt, "col_offset", col),
+            end_col=getattr(stmt, "end_col_offset", end_col),
+            stmt=type(stmt).__name__,
+            role=role,
+            source=msrc.text(stmt),
+            retry_reason=retry_reason,
+            skip_reason=skip_reason,
+            skip_effect=skip_effect,
+            guards=guards,
+            stack_roles=tuple(roles),
+            depth=run.base,
+        )
+        info.cells.append(run.cell)
+        if run.skip_target is not None:
+            label_for(run.skip_target)
+        for i, t, _ in _exits(run, ops, label_at):
+            label_for(t)
+
+    owner: dict[int, _Run] = {}
+    for run in runs:
+        for i in range(run.start, run.stop):
+            owner[i] = run
+
+    items: list[_Item] = []
+    # 1. the original code, cells pointed at their stubs
+    for i, op in enumerate(ops):
+        if i in label_of:
+            items.append(_Item(label=label_of[i]))
+        for extra in labels_at.get(i, ()):
+            if extra is not label_of.get(i):
+                items.append(_Item(label=extra))
+        run = owner.get(i)
+        key = (run.stub, True, run.base) if run is not None else op.entry
+        items.append(_Item(op.instr, key))
+    # trailing labels (none expected)
+    for lb in labels_at.get(len(ops), ()):
+        items.append(_Item(label=lb))
+
+    # 2. retry copies with "resumed" trampolines, 3. stubs
+    for run in runs:
+        _emit_copy(items, run, ops, label_at, label_for, resumed)
+    for run in runs:
+        _emit_stub(items, run, ops, label_for, barrier)
+
+    final_ops, final_labels = _as_ops(items)
+    stacksize = _analyse_depths(final_ops, final_labels)
+
+    out = bc.copy()
+    out.clear()
+    out.extend(_with_try_blocks(items))
+    try:
+        new_code = out.to_code(stacksize=max(stacksize, code.co_stacksize),
+                               compute_exception_stack_depths=False)
+    except Exception as exc:  # bytecode refused what we built: a daifu bug
+        raise Unsupported(f"bytecode assembly failed: {exc}") from exc
+    return new_code
+
+
+def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
+    if not run.cell.can_retry:
+        return
+    key = (run.stub, True, run.base)
+    inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
+    tramp: dict[int, Label] = {}
+    exits = _exits(run, ops, label_at)
+    for _, t, _ in exits:
+        tramp.setdefault(t, Label())
+    items.append(_Item(label=run.copy))
+    for i in range(run.start, run.stop):
+        op = ops[i]
+        if i != run.start:
+            items.append(_Item(label=inner[i]))
+        ins = op.instr.copy()
+        if ins.has_jump():
+            t = label_at[ins.arg]
+            if t in run:
+                ins.arg = inner[t] if t != run.start else run.copy
+            else:
+                ins = Instr(_FORWARD.get(ins.name, ins.name), tramp[t], location=ins.location)
+        items.append(_Item(ins, key))
+    loc = ops[run.start].instr.location
+    # fall-through exit first so that it is reached without a jump
+    order = sorted(tramp.items(), key=lambda kv: kv[0] != run.stop)
+    for t, lab in order:
+        items.append(_Item(label=lab))
+        tkey = ops[t].entry if t < len(ops) else None
+        if tkey is not None and ops[t].depth is not None and tkey[2] > ops[t].depth:
+            tkey = None
+        for ins in [
+            _instr("PUSH_NULL", loc=loc),
+            _instr("LOAD_CONST", resumed, loc),
+            _instr("LOAD_CONST", run.cell, loc),
+            *_call(1, loc),
+            _instr("POP_TOP", loc=loc),
+            _instr("JUMP_BACKWARD", label_for(t), loc),
+        ]:
+            items.append(_Item(ins, tkey))
+
+
+def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
+    loc = ops[run.start].instr.location
+    b = run.base
+    fallback, on_retry, on_skip = Label(), Label(), Label()
+    guard_key = (fallback, False, b + 2)
+    slots = []
+    if run.cell.role == "loop-header":
+        slots.append(b - 1)
+    slots += [g.slot for g in run.cell.guards if isinstance(g, WithGuard)]
+    body = [
+        _instr("COPY", 1, loc),
+        _instr("PUSH_NULL", loc=loc),
+        _instr("SWAP", 2, loc),
+        _instr("LOAD_CONST", barrier, loc),
+        _instr("SWAP", 2, loc),
+        _instr("LOAD_CONST", run.cell, loc),
+        _instr("COPY", 6, loc),  # lasti
+    ]
+    depth = b + 7
+    for n, slot in enumerate(slots):
+        body.append(_instr("COPY", depth + n - slot, loc))
+    body.append(_instr("BUILD_TUPLE", len(slots), loc))
+    body += _call(4, loc)
+    if run.cell.can_retry:
+        body += [
+            _instr("COPY", 1, loc),
+            _instr("LOAD_CONST", RETRY, loc),
+            _instr("COMPARE_OP", Compare.EQ, loc),
+            _instr("POP_JUMP_FORWARD_IF_TRUE", on_retry, loc),
+        ]
+    if run.skip_target is not None and run.cell.can_skip:
+        body += [
+            _instr("COPY", 1, loc),
+            _instr("LOAD_CONST", SKIP, loc),
+            _instr("COMPARE_OP", Compare.EQ, loc),
+            _instr("POP_JUMP_FORWARD_IF_TRUE", on_skip, loc),
+        ]
+    body.append(_instr("POP_TOP", loc=loc))
+    items.append(_Item(label=run.stub))
+    for ins in body:
+        items.append(_Item(ins, guard_key))
+    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    items.append(_Item(label=fallback))
+    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
+    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    if run.cell.can_retry:
+        items.append(_Item(label=on_retry))
+        for _ in range(3):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        items.append(_Item(_instr("JUMP_BACKWARD", run.copy, loc), run.entry))
+    if run.skip_target is not None and run.cell.can_skip:
+        items.append(_Item(label=on_skip))
+        for _ in range(3 + run.skip_pops):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        skey = ops[run.skip_target].entry if run.skip_target < len(ops) else None
+        tdepth = ops[run.skip_target].depth if run.skip_target < len(ops) else None
+        if skey is not None and (tdepth is None or skey[2] > tdepth):
+            skey = None
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc), skey))
+
+
+def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:
+    ops: list[_Op] = []
+    labels: dict[Label, int] = {}
+    for it in items:
+        if it.label is not None:
+            labels[it.label] = len(ops)
+        else:
+            ops.append(_Op(it.instr, it.key))
+    return ops, labels
+
+
+def _with_try_blocks(items: list[_Item]) -> list:
+    out: list = []
+    current_key = None
+    current: TryBegin | None = None
+    for it in items:
+        if it.label is not None:
+            out.append(it.label)
+            continue
+        if it.key != current_key:
+            if current is not None:
+                out.append(TryEnd(current))
+            current = TryBegin(it.key[0], it.key[1], it.key[2]) if it.key is not None else None
+            if current is not None:
+                out.append(current)
+            current_key = it.key
+        out.append(it.instr)
+    if current is not None:
+        out.append(TryEnd(current))
+    return out

@@ -1,0 +1,231 @@
+"""Source-level facts the bytecode rewrite needs (version-neutral).
+
+The rewrite works on bytecode, but statement boundaries, the text shown in a
+crash report and a few handler properties (does this ``except`` always
+re-raise?) are facts about the source.  ``ModuleSource`` parses a file once and
+answers them by position: every 3.11+ instruction carries the
+(line, column) span of the AST node it was compiled from.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import types
+from collections.abc import Iterator
+from functools import lru_cache
+
+_FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+Position = tuple[int | None, int | None, int | None, int | None]
+
+
+def _span(node: ast.AST) -> tuple[int, int, int, int]:
+    return (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _child_blocks(node: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists nested directly in a compound statement."""
+    if isinstance(node, _SCOPES):
+        return  # a nested scope compiles to its own code object
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(node, name, None)
+        if block:
+            yield block
+    for handler in getattr(node, "handlers", ()) or ():
+        yield handler.body
+    for case in getattr(node, "cases", ()) or ():
+        yield case.body
+
+
+def _contains(span: tuple[int, int, int, int], pos: Position) -> bool:
+    line, end_line, col, end_col = pos
+    if line is None:
+        return False
+    s_line, s_col, e_line, e_col = span
+    if col is None or end_col is None or end_line is None:
+        return s_line <= line <= e_line
+    return (s_line, s_col) <= (line, col) and (end_line, end_col) <= (e_line, e_col)
+
+
+class StatementIndex:
+    """Maps instruction positions to the innermost statement of one scope."""
+
+    def __init__(self, body: list[ast.stmt]):
+        self.body = body
+
+    def lookup(self, pos: Position) -> ast.stmt | None:
+        block = self.body
+        found: ast.stmt | None = None
+        while True:
+            for stmt in block:
+                if _contains(_span(stmt), pos):
+                    found = stmt
+                    break
+            else:
+                return found
+            # descend into the nested blocks of the statement just found
+            nested = [s for b in _child_blocks(found) for s in b]
+            if not nested:
+                return found
+            block = nested
+
+
+def has_loop(scope: ast.AST) -> bool:
+    """True if the scope's own code (not nested functions/classes) has a loop."""
+    body = scope.body if hasattr(scope, "body") else []
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _LOOPS):
+            return True
+        if isinstance(node, _SCOPES):
+            continue
+        stack.extend(s for b in _child_blocks(node) for s in b)
+    return False
+
+
+def _always_reraises(handler: ast.ExceptHandler) -> bool:
+    """Every normal path through the handler body ends in ``raise`` of the same
+    exception (a bare ``raise`` or ``raise <the as-name>``)."""
+    body = handler.body
+    if not body:
+        return False
+    last = body[-1]
+    if not isinstance(last, ast.Raise) or last.cause is not None:
+        return False
+    if last.exc is not None and not (
+        isinstance(last.exc, ast.Name) and handler.name and last.exc.id == handler.name
+    ):
+        return False
+    return not _leaves_block(body[:-1])
+
+
+def _leaves_block(stmts: list[ast.stmt], in_loop: bool = False) -> bool:
+    """Does any statement transfer control out of the block other than by raising?"""
+    for stmt in stmts:
+        if isinstance(stmt, ast.Return):
+            return True
+        if isinstance(stmt, (ast.Break, ast.Continue)) and not in_loop:
+            return True
+        if isinstance(stmt, _SCOPES):
+            continue
+        nested_loop = in_loop or isinstance(stmt, _LOOPS)
+        for block in _child_blocks(stmt):
+            if _leaves_block(block, nested_loop):
+                return True
+    return False
+
+
+class ModuleSource:
+    """A parsed source file with the lookups the rewrite and the engine need."""
+
+    def __init__(self, source: str, filename: str, tree: ast.Module | None = None):
+        self.source = source
+        self.filename = filename
+        self.lines = source.splitlines()
+        self.tree = tree if tree is not None else ast.parse(source, filename)
+        self._scopes: dict[tuple[str, int], ast.AST] = {}
+        self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
+        self._finally: dict[int, ast.Try] = {}
+        self._walk_scope(self.tree.body, "")
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.ExceptHandler):
+                self._handlers[_span(node)] = node
+            elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.finalbody:
+                self._finally[node.finalbody[0].lineno] = node
+
+    # -- scopes -------------------------------------------------------------
+
+    def _walk_scope(self, body: list[ast.stmt], prefix: str) -> None:
+        stack: list[ast.stmt] = list(body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (*_FUNC, ast.ClassDef)):
+                qual = prefix + node.name
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                self._scopes[(qual, first)] = node
+                inner = qual + (".<locals>." if isinstance(node, _FUNC) else ".")
+                self._walk_scope(node.body, inner)
+                continue
+            stack.extend(s for b in _child_blocks(node) for s in b)
+
+    def scope_for(self, code: types.CodeType) -> ast.AST | None:
+        """The AST node a code object was compiled from (module, def or class)."""
+        if code.co_name == "<module>":
+            return self.tree
+        return self._scopes.get((code.co_qualname, code.co_firstlineno))
+
+    def scopes(self) -> dict[tuple[str, int], ast.AST]:
+        return dict(self._scopes)
+
+    # -- statements ---------------------------------------------------------
+
+    def statements(self, scope: ast.AST) -> StatementIndex:
+        return StatementIndex(scope.body)  # type: ignore[attr-defined]
+
+    def text(self, stmt: ast.stmt) -> str:
+        """Source text of a simple statement, or the header of a compound one."""
+        body = getattr(stmt, "body", None)
+        if isinstance(stmt, _SCOPES) or not body or not isinstance(body, list):
+            seg = ast.get_source_segment(self.source, stmt)
+            if seg is None:
+                return self.line(stmt.lineno)
+            return seg if "\n" not in seg else seg.splitlines()[0] + " ..."
+        # compound statement: its header line(s), up to the first body statement
+        first = body[0]
+        lines = self.lines[stmt.lineno - 1 : first.lineno - 1] or [self.line(stmt.lineno)]
+        header = " ".join(x.strip() for x in lines).strip()
+        if first.lineno == stmt.lineno:  # `for x in y: body` on one line
+            header = self.line(stmt.lineno)[stmt.col_offset : first.col_offset].strip()
+        return header
+
+    def line(self, lineno: int | None) -> str:
+        if lineno is None or not 0 < lineno <= len(self.lines):
+            return ""
+        return self.lines[lineno - 1].strip()
+
+    # -- handlers -------------------------------------------------------------
+
+    def handler_at(self, span: Position) -> ast.ExceptHandler | None:
+        if None in span:
+            return None
+        line, end_line, col, end_col = span
+        return self._handlers.get((line, col, end_line, end_col))  # type: ignore[arg-type]
+
+    def clause_reraises(self, span: Position) -> bool:
+        handler = self.handler_at(span)
+        return handler is not None and _always_reraises(handler)
+
+    def finally_swallows(self, first_body_line: int | None) -> bool:
+        node = self._finally.get(first_body_line) if first_body_line else None
+        return node is not None and _leaves_block(node.finalbody)
+
+
+def is_marked(scope: ast.AST) -> bool:
+    """Decorated with ``@daifu.vaccinate`` / ``@vaccinate``."""
+    for dec in getattr(scope, "decorator_list", ()):
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "vaccinate":
+            return True
+        if isinstance(target, ast.Name) and target.id == "vaccinate":
+            return True
+    return False
+
+
+@lru_cache(maxsize=256)
+def _cached(filename: str, source: str) -> ModuleSource | None:
+    try:
+        return ModuleSource(source, filename)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def source_for_file(filename: str) -> ModuleSource | None:
+    """Parse a file through ``linecache`` (cached); ``None`` if unavailable."""
+    lines = linecache.getlines(filename)
+    if not lines:
+        return None
+    return _cached(filename, "".join(lines))

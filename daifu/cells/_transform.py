@@ -1,0 +1,224 @@
+"""Vaccinate code objects: choose which functions, rewrite them, report.
+
+This is the version-neutral driver; the bytecode work is done by the
+per-version module ``_dispatch.backend()`` returns.  Anything that cannot be
+rewritten is reported (warning + structured event) and left unmodified, unless
+``strict`` turns that into a ``TransformError``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import io
+import sys
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
+from ._cell import CodeInfo, is_vaccinated
+from ._dispatch import backend
+from ._source import ModuleSource, has_loop, is_marked, source_for_file
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which code objects of a module to vaccinate.
+
+    ``entries`` are ``qualname`` globs (``Trainer.fit``, ``train*``) or
+    ``module:qualname`` globs; ``*`` means every function whose own body
+    contains a loop.  ``module_level`` vaccinates the module's top-level code
+    (the default for the script run by ``python -m daifu``).  Functions
+    decorated with ``@daifu.vaccinate`` are always selected.
+    """
+
+    entries: tuple[str, ...] = ("*",)
+    module_level: bool = False
+
+    def wants(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
+        if isinstance(scope, ast.Module):
+            return self.module_level or "<module>" in self.entries
+        if isinstance(scope, ast.ClassDef):
+            return False
+        if is_marked(scope):
+            return True
+        qual = code.co_qualname
+        for pattern in self.entries:
+            mod_pat, _, qual_pat = pattern.rpartition(":")
+            if mod_pat and not (module and fnmatchcase(module, mod_pat)):
+                continue
+            if qual_pat == "*":
+                if has_loop(scope):
+                    return True
+            elif fnmatchcase(qual, qual_pat):
+                return True
+        return False
+
+
+@dataclass
+class Report:
+    """What happened to one module (or function)."""
+
+    filename: str
+    module: str | None = None
+    vaccinated: list[CodeInfo] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (qualname, reason)
+    dumps: list[str] = field(default_factory=list)
+
+
+class _Options:
+    strict = False
+    dump: str | None = None  # "-" for stderr, or a file path
+
+
+options = _Options()
+_warned_version = False
+
+
+def _hooks() -> tuple[Callable, Callable]:
+    from ..engine._barrier import barrier, resumed
+
+    return barrier, resumed
+
+
+def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None) -> None:
+    report.skipped.append((qualname, reason))
+    where = f"{report.filename}:{line}" if line else report.filename
+    message = f"daifu: {qualname} ({where}) is not vaccinated and runs unmodified: {reason}"
+    if options.strict:
+        raise TransformError(message, qualname=qualname, filename=report.filename, reason=reason)
+    warnings.warn(message, NotVaccinatedWarning, stacklevel=4)
+
+
+def _check_version(report: Report) -> object | None:
+    global _warned_version
+    module, reason = backend()
+    if module is None:
+        report.skipped.append(("*", reason or "unsupported Python"))
+        if options.strict:
+            raise TransformError(reason or "unsupported Python", filename=report.filename,
+                                 reason=reason or "")
+        if not _warned_version:
+            _warned_version = True
+            warnings.warn(f"daifu: {reason}", UnsupportedPythonWarning, stacklevel=4)
+    return module
+
+
+def _dump(report: Report, code: types.CodeType) -> None:
+    buf = io.StringIO()
+    print(f"=== daifu: vaccinated {code.co_qualname} ({code.co_filename}) ===", file=buf)
+    dis.dis(code, file=buf, depth=0)
+    text = buf.getvalue()
+    report.dumps.append(text)
+    if options.dump in ("-", "1", "stderr"):
+        sys.stderr.write(text)
+    elif options.dump:
+        with open(options.dump, "a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def vaccinate_module(
+    code: types.CodeType,
+    msrc: ModuleSource,
+    selection: Selection,
+    module: str | None = None,
+) -> tuple[types.CodeType, Report]:
+    """Vaccinate the selected code objects inside a module's code object."""
+    report = Report(msrc.filename, module)
+    back = _check_version(report)
+    if back is None:
+        return code, report
+    barrier, resumed = _hooks()
+
+    def walk(co: types.CodeType) -> types.CodeType:
+        children: dict[int, types.CodeType] = {}
+        for const in co.co_consts:
+            if isinstance(const, types.CodeType):
+                new_child = walk(const)
+                if new_child is not const:
+                    children[id(const)] = new_child
+        scope = msrc.scope_for(co)
+        if scope is not None and selection.wants(co, scope, module):
+            info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
+            try:
+                new = back.rewrite(co, info, msrc, scope, barrier, resumed, children)
+            except back.Unsupported as exc:
+                _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno)
+            else:
+                report.vaccinated.append(info)
+                if options.dump:
+                    _dump(report, new)
+                return new
+        if children:
+            return co.replace(co_consts=tuple(children.get(id(c), c) for c in co.co_consts))
+        return co
+
+    new_code = walk(code)
+    _register(msrc.filename)
+    return new_code, report
+
+
+def vaccinate_source(
+    source: str | bytes,
+    filename: str,
+    selection: Selection,
+    module: str | None = None,
+) -> tuple[types.CodeType, Report]:
+    """Compile ``source`` and vaccinate it (what the import hook and runner do)."""
+    if isinstance(source, bytes):
+        from importlib.util import decode_source
+
+        source = decode_source(source)
+    tree = ast.parse(source, filename)
+    code = compile(tree, filename, "exec", dont_inherit=True)
+    msrc = ModuleSource(source, filename, tree)
+    return vaccinate_module(code, msrc, selection, module)
+
+
+def vaccinate_function(fn: Callable, *, quiet: bool = False) -> bool:
+    """Vaccinate one function in place (``fn.__code__`` is replaced).
+
+    Returns True if the function is vaccinated afterwards.  On failure it warns
+    (or raises ``TransformError`` in strict mode) and leaves ``fn`` untouched.
+    """
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"daifu.vaccinate expects a Python function, got {type(fn).__name__}")
+    if is_vaccinated(code):
+        return True
+    report = Report(code.co_filename, getattr(fn, "__module__", None))
+    back = _check_version(report)
+    if back is None:
+        return False
+    msrc = source_for_file(code.co_filename)
+    scope = msrc.scope_for(code) if msrc is not None else None
+    if scope is None:
+        _not_vaccinated(report, code.co_qualname, "its source code is not available",
+                        code.co_firstlineno)
+        return False
+    barrier, resumed = _hooks()
+    info = CodeInfo(code.co_qualname, code.co_filename, code.co_firstlineno,
+                    getattr(fn, "__module__", None), original=code)
+    try:
+        new = back.rewrite(code, info, msrc, scope, barrier, resumed)
+    except back.Unsupported as exc:
+        _not_vaccinated(report, code.co_qualname, str(exc), code.co_firstlineno)
+        return False
+    if options.dump:
+        _dump(report, new)
+    fn.__code__ = new
+    _register(report.filename)
+    return True
+
+
+def _register(filename: str) -> None:
+    from ..engine._engine import ENGINE
+
+    ENGINE.target_files.add(filename)
+
+
+def vaccinated_qualnames(codes: Sequence[CodeInfo]) -> list[str]:
+    return [c.qualname for c in codes]

@@ -1,0 +1,137 @@
+"""``Crash``: everything a fix needs to know about one intercepted exception."""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import TYPE_CHECKING, Any
+
+from .._errors import PatchError
+from ..cells._cell import Cell
+from ..cells._context import FrameContext
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+
+class Crash:
+    """An exception stopped at a crash barrier, with its frame still alive.
+
+    Attributes a rule reads:
+
+    * ``exception`` -- the exception object (its traceback intact);
+    * ``function`` (qualname), ``filename``, ``lineno``, ``statement`` (the
+      failing statement's source), ``where`` (``file:line``);
+    * ``vars`` -- a live, writable mapping of the function's variables;
+    * ``globals`` -- the function's module globals;
+    * ``attempt`` -- 1 for the first crash at this statement, 2 after one retry...;
+    * ``can_retry``/``can_skip`` and ``retry_reason``/``skip_reason``.
+    """
+
+    def __init__(self, engine: Engine, exc: BaseException, cell: Cell, frame: types.FrameType,
+                 lasti: int, stack: tuple, attempt: int, started: float):
+        self._engine = engine
+        self._frame: types.FrameType | None = frame
+        self.exception = exc
+        self.cell = cell
+        self.lasti = lasti
+        self.attempt = attempt
+        self.started = started
+        self.function = cell.info.qualname
+        self.filename = cell.info.filename
+        self.lineno = cell.lineno
+        self.statement = cell.source
+        self.kind = cell.role
+        self.vars = FrameContext(frame)
+        self.globals: dict[str, Any] = frame.f_globals
+        roles = cell.stack_roles
+        self.iterator = stack[roles.index("iterator")] if "iterator" in roles else None
+        self.retry_reason = cell.retry_reason or _dead_iterator(self.iterator)
+        self.skip_reason = cell.skip_reason
+
+    # -- facts ---------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+    @property
+    def can_retry(self) -> bool:
+        return self.retry_reason is None
+
+    @property
+    def can_skip(self) -> bool:
+        return self.skip_reason is None
+
+    @property
+    def frame(self) -> types.FrameType:
+        if self._frame is None:
+            raise PatchError("this crash has been resolved; its frame is no longer available")
+        return self._frame
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    # -- actions -------------------------------------------------------------
+
+    def exec(self, code: str) -> None:
+        """Run statements in the crashed frame's context.
+
+        Assignments to the function's variables take effect when it resumes;
+        new names that are not variables of the function become globals.
+        Raises ``PatchError`` if the code does not compile or raises.
+        """
+        from ._queue import ExecPatch
+
+        self._engine.submit(ExecPatch(code), self)
+
+    def eval(self, expr: str) -> Any:
+        """Evaluate an expression in the crashed frame's context."""
+        try:
+            compiled = compile(expr, f"<daifu eval at {self.where}>", "eval")
+        except SyntaxError as exc:
+            raise PatchError(f"expression does not compile: {exc}") from None
+        return eval(compiled, self.frame.f_globals, dict(self.frame.f_locals))
+
+    def _release(self) -> None:
+        self._frame = None
+        self.vars = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        exc = self.exception
+        return (f"<Crash {type(exc).__name__}: {str(exc)[:60]!r} in {self.function} at "
+                f"{self.where} attempt={self.attempt}>")
+
+
+def _dead_iterator(it: Any) -> str | None:
+    """Why retrying ``next()`` on ``it`` would silently end the loop, or None."""
+    if it is None:
+        return None
+    for obj in _iterator_chain(it):
+        if isinstance(obj, types.GeneratorType) and obj.gi_frame is None:
+            return (
+                f"the loop's iterator is a finished generator ({obj.__qualname__}): it died with "
+                "the exception, so retrying next() would silently end the loop. Vaccinate the "
+                "generator function (DAIFU_ENTRY) to recover inside it, or skip/abort"
+            )
+    return None
+
+
+def _iterator_chain(it: Any, limit: int = 8) -> list[Any]:
+    """The iterator and the iterators wrapped by builtin adapters around it
+    (``enumerate``, ``zip``, ``map``, ``itertools.*``)."""
+    import gc
+
+    seen, out, todo = set(), [], [it]
+    while todo and len(out) < limit:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        if type(obj).__module__ in ("builtins", "itertools") and not isinstance(
+            obj, types.GeneratorType
+        ):
+            todo.extend(r for r in gc.get_referents(obj) if hasattr(r, "__next__"))
+    return out

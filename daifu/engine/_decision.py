@@ -1,0 +1,21 @@
+"""What a fix decides: re-execute the failing statement, skip it, or give up."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Decision(enum.Enum):
+    """The answer a rule (or a human, later) gives to a crash."""
+
+    RETRY = "retry"  #: re-execute the failing statement
+    SKIP = "skip"  #: continue after the failing statement (or end a failing loop header)
+    ABORT = "abort"  #: give up: the exception continues exactly as without daifu
+
+    def __repr__(self) -> str:
+        return f"daifu.{self.name}"
+
+
+RETRY = Decision.RETRY
+SKIP = Decision.SKIP
+ABORT = Decision.ABORT

@@ -1,0 +1,374 @@
+"""The engine: turns an exception stopped at a crash barrier into a decision.
+
+Flow for one exception (see docs/architecture.md):
+
+1. the stub of the failing cell calls ``barrier(exc, cell, lasti, stack)``;
+2. the engine declines at once (re-raise, nothing logged) when the exception
+   is not a crash: ``BaseException``-only classes, ``StopIteration``, an
+   exception daifu already gave up on, one the function's own handlers or a
+   target caller's handlers will catch;
+3. otherwise it builds a ``Crash``, logs ``crash.intercepted``, and asks the
+   patch sources in order -- rules now; console/attach/replay later -- which
+   put patches in the queue; the engine applies them until a decision comes;
+4. retry/skip resume the frame; no decision (or ``ABORT``) gives up: the
+   exception continues exactly as it would have without daifu.
+
+Any failure inside the engine gives up the same way: daifu never makes a
+crash worse.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import PatchError
+from ..cells._cell import Cell
+from ._crash import Crash
+from ._decision import ABORT, RETRY, SKIP, Decision
+from ._events import (
+    CrashGaveUp,
+    CrashIntercepted,
+    CrashResumed,
+    InternalError,
+    PatchApplied,
+    PatchRejected,
+    RuleFailed,
+    emit,
+)
+from ._guards import caught_by_callers, would_catch
+from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReplacePatch
+from ._rules import RuleBook
+
+#: what the stub understands (see ``daifu.cells._py311``)
+RETRY_CODE, SKIP_CODE, RAISE_CODE = 0, 1, 2
+
+_NOT_CRASHES = (StopIteration, StopAsyncIteration)
+
+
+@dataclass
+class _Pending:
+    """A retry in flight: the retried statement has not completed yet."""
+
+    frame: types.FrameType
+    attempt: int
+    started: float
+
+
+class Engine:
+    """One per process (``ENGINE``)."""
+
+    def __init__(self) -> None:
+        self.queue = PatchQueue()
+        self.rules = RuleBook()
+        self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
+        #: files whose frames are examined for handlers that would catch a crash
+        self.target_files: set[str] = set()
+        #: interactive patch sources (console, remote attach) -- consulted
+        #: after the rules; each has ``wait(crash, engine) -> None``
+        self.waiters: list[Any] = []
+        #: observers called with each Crash before the rules (crash reports)
+        self.observers: list[Any] = []
+        self.stats = collections.Counter()
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._pending: dict[tuple[int, Cell], _Pending] = {}
+        self._gave_up: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+
+    # -- called from the stubs ---------------------------------------------------
+
+    def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
+                     frame: types.FrameType) -> int:
+        if not isinstance(exc, Exception) or isinstance(exc, _NOT_CRASHES):
+            return RAISE_CODE
+        if id(exc) in self._gave_up or getattr(self._tls, "busy", False):
+            return RAISE_CODE
+        exits = list(stack[1:] if cell.stack_roles[:1] == ("iterator",) else stack)
+        if would_catch(cell.guards, exc, frame, exits):
+            return RAISE_CODE
+        if caught_by_callers(frame, exc, self.target_files):
+            return RAISE_CODE
+        with self._lock:
+            self._tls.busy = True
+            try:
+                return self._handle(exc, cell, lasti, stack, frame)
+            finally:
+                self._tls.busy = False
+
+    def on_resumed(self, cell: Cell, frame: types.FrameType) -> None:
+        pending = self._pending.pop((id(frame), cell), None)
+        if pending is None or pending.frame is not frame:
+            return
+        self.stats["recovered"] += 1
+        emit(CrashResumed(where=_where(cell), action="retry", attempt=pending.attempt,
+                          latency_ms=_ms(pending.started)))
+
+    # -- one crash -----------------------------------------------------------------
+
+    def _handle(self, exc, cell, lasti, stack, frame) -> int:
+        key = (id(frame), cell)
+        pending = self._pending.get(key)
+        if pending is not None and pending.frame is not frame:
+            pending = None
+        attempt = pending.attempt + 1 if pending else 1
+        started = pending.started if pending else time.perf_counter()
+        crash = Crash(self, exc, cell, frame, lasti, stack, attempt, started)
+        self.stats["crashes"] += 1
+        self._tls.crash = crash
+        try:
+            emit(CrashIntercepted(
+                where=crash.where, function=crash.function, statement=crash.statement,
+                exc_type=type(exc).__qualname__, message=_message(exc), attempt=attempt,
+                can_retry=crash.can_retry, can_skip=crash.can_skip))
+            for observer in list(self.observers):
+                try:
+                    observer(crash)
+                except Exception:
+                    self._internal("observer", crash)
+            if attempt > self.max_attempts:
+                decision, reason = None, (
+                    f"the statement failed again after {attempt - 1} retries "
+                    f"(max_attempts={self.max_attempts}, DAIFU_MAX_ATTEMPTS)")
+            else:
+                decision, reason = self._decide(crash)
+            return self._conclude(crash, key, decision, reason)
+        except BaseException:
+            self._internal("engine", crash)
+            self._pending.pop(key, None)
+            self._give_up(crash, "daifu failed while handling the crash (see daifu.internal_error)")
+            return RAISE_CODE
+        finally:
+            self._tls.crash = None
+            crash._release()
+
+    def _decide(self, crash: Crash) -> tuple[Decision | None, str]:
+        decision = self._drain(crash)
+        if decision is not None:
+            return decision, "queued patch"
+        for rule in self.rules.matching(crash):
+            self._tls.origin = rule.origin
+            try:
+                verdict = rule.fn(crash)
+            except Exception as err:
+                emit(RuleFailed(rule=rule.origin, where=crash.where, error=_message(err, True),
+                                traceback="".join(traceback.format_exception(err))))
+                continue
+            finally:
+                self._tls.origin = None
+            pending_decision = self._drain(crash)
+            if pending_decision is not None:
+                return pending_decision, rule.origin
+            if verdict is None:
+                continue
+            if not isinstance(verdict, Decision):
+                emit(PatchRejected(where=crash.where, kind="decision", origin=rule.origin,
+                                   reason=f"a rule returns daifu.RETRY, daifu.SKIP, daifu.ABORT "
+                                          f"or None, not {verdict!r}"))
+                continue
+            self.queue.put(DecisionPatch(verdict, origin=rule.origin))
+            decision = self._drain(crash)
+            if decision is not None:
+                return decision, rule.origin
+        for waiter in list(self.waiters):
+            try:
+                waiter.wait(crash, self)
+            except Exception:
+                self._internal("waiter", crash)
+            decision = self._drain(crash)
+            if decision is not None:
+                return decision, "interactive"
+        if not len(self.rules) and not self.waiters:
+            return None, "no fix available (no rules registered, no console)"
+        return None, "no rule fixed it"
+
+    def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str) -> int:
+        if decision is RETRY:
+            self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started)
+            if len(self._pending) > 256:  # frames that never came back (bounded)
+                self._pending.pop(next(iter(self._pending)))
+            return RETRY_CODE
+        self._pending.pop(key, None)
+        if decision is SKIP:
+            self.stats["recovered"] += 1
+            emit(CrashResumed(where=crash.where, action="skip", attempt=crash.attempt,
+                              latency_ms=_ms(crash.started)))
+            return SKIP_CODE
+        self._give_up(crash, "aborted by a fix" if decision is ABORT else reason)
+        return RAISE_CODE
+
+    def _give_up(self, crash: Crash, reason: str) -> None:
+        exc = crash.exception
+        self._gave_up[id(exc)] = exc
+        while len(self._gave_up) > 32:
+            self._gave_up.popitem(last=False)
+        self.stats["gave_up"] += 1
+        emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
+                         attempt=crash.attempt))
+
+    # -- patches ---------------------------------------------------------------
+
+    def submit(self, patch: Patch, crash: Crash | None = None) -> None:
+        """Queue a patch; applied now when called while handling a crash in
+        this thread (a rule calling ``crash.exec``), else when the next crash
+        is handled.  Raises ``PatchError`` if applying it fails."""
+        if not patch.origin:
+            patch.origin = getattr(self._tls, "origin", None) or "api"
+        current = crash or getattr(self._tls, "crash", None)
+        if current is None:
+            # not inside a crash: apply directly (a replace in a fixes file, say)
+            self._apply(patch, None)
+            return
+        self.queue.put(patch)
+        failure: PatchError | None = None
+        decision = None
+        while (item := self.queue.get_nowait()) is not None:
+            try:
+                result = self._apply(item, current)
+            except PatchError as err:
+                if item is patch:
+                    failure = err
+                continue
+            if isinstance(result, Decision) and decision is None:
+                decision = result
+        if decision is not None:
+            current._decision = decision  # type: ignore[attr-defined]
+        if failure is not None:
+            raise failure
+
+    def _drain(self, crash: Crash) -> Decision | None:
+        decided = getattr(crash, "_decision", None)
+        if decided is not None:
+            crash._decision = None  # type: ignore[attr-defined]
+            return decided
+        while (patch := self.queue.get_nowait()) is not None:
+            try:
+                result = self._apply(patch, crash)
+            except PatchError:
+                continue
+            if isinstance(result, Decision):
+                return result
+        return None
+
+    def _apply(self, patch: Patch, crash: Crash | None) -> Decision | None:
+        where = crash.where if crash else ""
+        try:
+            if isinstance(patch, DecisionPatch):
+                result = self._check_decision(patch.decision, crash)
+                emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
+                                  summary=patch.summary()))
+                return result
+            if isinstance(patch, ExecPatch):
+                if crash is None:
+                    raise PatchError("exec needs a crashed frame to run in")
+                _exec_in_frame(crash, patch.code)
+            elif isinstance(patch, ReplacePatch):
+                from ._replace import apply_replace
+
+                apply_replace(patch.target, patch.new, crash)
+            else:
+                raise PatchError(f"unknown patch kind {type(patch).__name__}")
+        except PatchError as err:
+            emit(PatchRejected(where=where, kind=patch.kind, origin=patch.origin,
+                               reason=str(err)))
+            raise
+        emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
+                          summary=patch.summary()))
+        return None
+
+    @staticmethod
+    def _check_decision(decision: Decision, crash: Crash | None) -> Decision:
+        if crash is None:
+            raise PatchError("a decision needs a crash to resume")
+        if decision is RETRY and not crash.can_retry:
+            raise PatchError(f"cannot retry here: {crash.retry_reason}")
+        if decision is SKIP and not crash.can_skip:
+            raise PatchError(f"cannot skip here: {crash.skip_reason}")
+        return decision
+
+    # -- diagnostics -----------------------------------------------------------------
+
+    def _internal(self, what: str, crash: Crash | None) -> None:
+        try:
+            err = sys.exc_info()[1]
+            emit(InternalError(where=crash.where if crash else what,
+                               error=f"{what}: {_message(err, True)}",
+                               traceback=traceback.format_exc()))
+        except BaseException:
+            pass
+
+    def reset(self) -> None:
+        """Forget rules, queued patches and state (tests)."""
+        self.rules.clear()
+        self.queue.clear()
+        self._pending.clear()
+        self._gave_up.clear()
+        self.waiters.clear()
+        self.observers.clear()
+        self.stats.clear()
+
+
+def _exec_in_frame(crash: Crash, code: str) -> None:
+    try:
+        compiled = compile(code, f"<daifu exec at {crash.where}>", "exec")
+    except SyntaxError as err:
+        raise PatchError(f"code does not compile: {err}") from None
+    frame = crash.frame
+    ctx = crash.vars
+    if ctx.is_module:
+        namespace = frame.f_globals
+        try:
+            exec(compiled, namespace)
+        except Exception as err:
+            raise PatchError(f"code raised {_message(err, True)}") from err
+        return
+    before = dict(frame.f_locals)
+    namespace = dict(before)
+    try:
+        exec(compiled, frame.f_globals, namespace)
+    except Exception as err:
+        raise PatchError(f"code raised {_message(err, True)}") from err
+    names = ctx.names or frozenset()
+    changed = {k: v for k, v in namespace.items()
+               if k in names and (k not in before or before[k] is not v)}
+    deleted = tuple(k for k in before if k not in namespace and k in names)
+    new_globals = {k: v for k, v in namespace.items() if k not in names and k not in before}
+    if changed or deleted:
+        ctx.update_many(changed, deleted)
+    frame.f_globals.update(new_globals)
+
+
+def _message(exc: BaseException | None, with_type: bool = False) -> str:
+    if exc is None:
+        return ""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<unprintable>"
+    if len(text) > 500:
+        text = text[:497] + "..."
+    return f"{type(exc).__qualname__}: {text}" if with_type else text
+
+
+def _where(cell: Cell) -> str:
+    return f"{cell.info.filename}:{cell.lineno}"
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+ENGINE = Engine()

@@ -1,0 +1,96 @@
+"""Patches and the in-process queue they arrive through.
+
+The queue is the single door into a crashed program: rules, and later the
+console, remote attach and journal replay, all put patches here; the engine
+takes them out and applies them in order while the crashed frame waits.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ._decision import Decision
+
+
+@dataclass
+class Patch:
+    """Base class.  ``origin`` says who sent it (``rule:fixes.fix_path``, ...)."""
+
+    kind: ClassVar[str] = "patch"
+    origin: str = field(default="", kw_only=True)
+
+    def summary(self) -> str:
+        return self.kind
+
+
+@dataclass
+class DecisionPatch(Patch):
+    """Resume the crashed frame: retry, skip, or give up."""
+
+    kind: ClassVar[str] = "decision"
+    decision: Decision
+
+    def summary(self) -> str:
+        return self.decision.value
+
+
+@dataclass
+class ExecPatch(Patch):
+    """Run code in the crashed frame's context (the paper's *action*)."""
+
+    kind: ClassVar[str] = "exec"
+    code: str
+
+    def summary(self) -> str:
+        first = self.code.strip().splitlines()[0] if self.code.strip() else ""
+        return first if len(first) < 80 else first[:77] + "..."
+
+
+@dataclass
+class ReplacePatch(Patch):
+    """Swap a function's code everywhere it is referenced (the paper's *surgery*)."""
+
+    kind: ClassVar[str] = "replace"
+    target: Any
+    new: Any
+
+    def summary(self) -> str:
+        name = getattr(self.target, "__qualname__", repr(self.target))
+        return f"{name} <- {getattr(self.new, '__qualname__', repr(self.new))}"
+
+
+class PatchQueue:
+    """A thread-safe FIFO of patches."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Patch] = collections.deque()
+        self._cv = threading.Condition()
+
+    def put(self, patch: Patch) -> None:
+        with self._cv:
+            self._items.append(patch)
+            self._cv.notify_all()
+
+    def get(self, timeout: float | None = None) -> Patch | None:
+        """Next patch, waiting up to ``timeout`` seconds (None: forever)."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._items, timeout=timeout):
+                return None
+            return self._items.popleft()
+
+    def get_nowait(self) -> Patch | None:
+        with self._cv:
+            return self._items.popleft() if self._items else None
+
+    def clear(self) -> list[Patch]:
+        with self._cv:
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._items)

@@ -1,0 +1,73 @@
+"""``daifu.replace``: swap a function's code everywhere it is referenced."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from .._errors import DaifuWarning, PatchError
+from ..cells._cell import is_vaccinated
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+
+
+def replace(target: Any, new: Any) -> None:
+    """Give function (or method) ``target`` the code of ``new``.
+
+    Every reference to ``target`` -- module attributes, bound methods, objects
+    holding it -- runs the new code from its next call; the new code runs with
+    ``target``'s globals and closure.  If ``target`` was vaccinated, the new
+    code is vaccinated too.  A call of ``target`` that is running right now
+    keeps its old code.  Raises ``PatchError`` when the code cannot be swapped
+    (a builtin, different closure variables).
+    """
+    from ._engine import ENGINE
+    from ._queue import ReplacePatch
+
+    ENGINE.submit(ReplacePatch(target, new))
+
+
+def _function(obj: Any, role: str) -> types.FunctionType:
+    if isinstance(obj, (staticmethod, classmethod)) or inspect.ismethod(obj):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        raise PatchError(f"daifu.replace: {role} is a property; replace its fget instead")
+    if not isinstance(obj, types.FunctionType):
+        raise PatchError(
+            f"daifu.replace: {role} must be a Python function or method, not "
+            f"{type(obj).__name__} ({obj!r})"
+        )
+    return obj
+
+
+def apply_replace(target: Any, new: Any, crash: Crash | None) -> None:
+    fn = _function(target, "target")
+    nf = _function(new, "the replacement")
+    old_code, new_code = fn.__code__, nf.__code__
+    if old_code.co_freevars != new_code.co_freevars:
+        raise PatchError(
+            f"daifu.replace: {fn.__qualname__} closes over {old_code.co_freevars or 'nothing'} "
+            f"but the replacement closes over {new_code.co_freevars or 'nothing'}; they must "
+            "match (define the replacement inside the same enclosing function, or replace that)"
+        )
+    if is_vaccinated(old_code) and not is_vaccinated(new_code):
+        from ..cells._transform import vaccinate_function
+
+        probe = types.FunctionType(new_code, nf.__globals__, nf.__name__, nf.__defaults__,
+                                   nf.__closure__)
+        with warnings.catch_warnings(record=True):
+            if vaccinate_function(probe):
+                new_code = probe.__code__
+    fn.__code__ = new_code
+    fn.__defaults__ = nf.__defaults__
+    fn.__kwdefaults__ = nf.__kwdefaults__
+    if crash is not None and crash._frame is not None and crash.frame.f_code is old_code:
+        warnings.warn(
+            f"daifu.replace: {fn.__qualname__} is the crashed function itself; its running call "
+            "keeps the old code (the new code applies from its next call)",
+            DaifuWarning,
+            stacklevel=3,
+        )
