@@ -1,0 +1,108 @@
+"""Child processes started with multiprocessing's *spawn* method.
+
+A forked child inherits the parent's hook and vaccinated code.  A spawned
+child is a fresh interpreter: the parent rewrites its command line so that the
+child first runs ``activate()``, which installs the hook from the inherited
+``DAIFU_*`` environment, loads the rules files, and vaccinates the parent's
+main script when multiprocessing re-runs it as ``__mp_main__``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+_PREFIX = "import daifu.hooks._child as _daifu_child; _daifu_child.activate(); "
+
+
+def patch_spawn() -> None:
+    """Make multiprocessing's spawn command line activate daifu first."""
+    import multiprocessing.spawn as spawn
+
+    if getattr(spawn.get_command_line, "_daifu", False):
+        return
+    original = spawn.get_command_line
+
+    def get_command_line(**kwds):
+        cmd = original(**kwds)
+        if "-c" in cmd:
+            i = cmd.index("-c") + 1
+            if not cmd[i].startswith(_PREFIX):
+                cmd[i] = _PREFIX + cmd[i]
+        return cmd
+
+    get_command_line._daifu = True  # type: ignore[attr-defined]
+    get_command_line._daifu_original = original  # type: ignore[attr-defined]
+    spawn.get_command_line = get_command_line
+
+
+def activate() -> None:
+    """Run in a spawned child before multiprocessing's own bootstrap."""
+    try:
+        from . import _logging
+        from ._config import Config
+        from ._install import install
+        from ._runner import load_fixes
+
+        cfg = Config.from_env()
+        _logging.configure(cfg.log, cfg.log_level)
+        install(config=cfg)
+        load_fixes(cfg.fixes)
+        if cfg.main:
+            _patch_main_fixup(cfg)
+    except Exception as exc:  # never stop the child from running
+        sys.stderr.write(f"daifu: could not activate in child process {os.getpid()}: {exc}\n")
+
+
+def _patch_main_fixup(cfg) -> None:
+    import multiprocessing.spawn as spawn
+
+    original = spawn._fixup_main_from_path
+
+    def _fixup_main_from_path(main_path):
+        if os.path.abspath(main_path) != os.path.abspath(cfg.main):
+            return original(main_path)
+        current_main = sys.modules["__main__"]
+        main_name = os.path.splitext(os.path.basename(main_path))[0]
+        if main_name == "ipython" or getattr(current_main, "__file__", None) == main_path:
+            return None
+        spawn.old_main_modules.append(current_main)
+        main_module = types.ModuleType("__mp_main__")
+        try:
+            content = _run_path_vaccinated(main_path, "__mp_main__", cfg)
+        except SyntaxError:
+            raise
+        main_module.__dict__.update(content)
+        sys.modules["__main__"] = sys.modules["__mp_main__"] = main_module
+        return None
+
+    spawn._fixup_main_from_path = _fixup_main_from_path
+
+
+def _run_path_vaccinated(path: str, run_name: str, cfg) -> dict:
+    """``runpy.run_path(path, run_name=...)`` with the script vaccinated."""
+    from ..cells import vaccinate_source
+
+    with open(path, "rb") as fh:
+        source = fh.read()
+    code, _ = vaccinate_source(source, os.path.abspath(path), cfg.selection(module_level=False),
+                               module=run_name)
+    module = types.ModuleType(run_name)
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__="",
+                           __spec__=None)
+    saved = sys.modules.get(run_name)
+    saved_argv0 = sys.argv[0] if sys.argv else None
+    sys.modules[run_name] = module
+    if sys.argv:
+        sys.argv[0] = path
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is None:
+            sys.modules.pop(run_name, None)
+        else:
+            sys.modules[run_name] = saved
+        if saved_argv0 is not None:
+            sys.argv[0] = saved_argv0
+    return dict(module.__dict__)

@@ -1,0 +1,104 @@
+"""Options, from the command line or the environment (children inherit them).
+
+| variable             | option           | meaning                                             |
+|----------------------|------------------|-----------------------------------------------------|
+| DAIFU_MODULES        | --modules        | modules the import hook vaccinates (dotted globs)   |
+| DAIFU_ENTRY          | --entry          | functions to vaccinate (qualname globs; * = loops)  |
+| DAIFU_FIXES          | --fixes          | rules files, separated by os.pathsep               |
+| DAIFU_MAX_ATTEMPTS   | --max-attempts   | retries of one statement before giving up (5)       |
+| DAIFU_LOG            | --log            | write events as JSON lines to this file             |
+| DAIFU_LOG_LEVEL      | --log-level      | debug, info (default), warning, error               |
+| DAIFU_STRICT         | --strict         | 1: a function daifu cannot vaccinate is an error    |
+| DAIFU_DUMP           | --dump           | 1 (stderr) or a file: print the rewritten bytecode  |
+| DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .._errors import ConfigError
+from ..cells import Selection
+from ._patterns import ModuleMatcher
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _split(text: str | None, sep: str = ",") -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(sep) if x.strip())
+
+
+@dataclass
+class Config:
+    modules: str = ""
+    entry: tuple[str, ...] = ("*",)
+    fixes: tuple[str, ...] = ()
+    max_attempts: int = 5
+    log: str | None = None
+    log_level: str = "info"
+    strict: bool = False
+    dump: str | None = None
+    main: str | None = None
+    matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Config:
+        env = dict(os.environ if env is None else env)
+        cfg = cls(
+            modules=env.get("DAIFU_MODULES", ""),
+            entry=_split(env.get("DAIFU_ENTRY")) or ("*",),
+            fixes=_split(env.get("DAIFU_FIXES"), os.pathsep),
+            log=env.get("DAIFU_LOG") or None,
+            log_level=(env.get("DAIFU_LOG_LEVEL") or "info").lower(),
+            strict=env.get("DAIFU_STRICT", "").lower() in _TRUE,
+            dump=env.get("DAIFU_DUMP") or None,
+            main=env.get("DAIFU_MAIN") or None,
+        )
+        attempts = env.get("DAIFU_MAX_ATTEMPTS")
+        if attempts:
+            try:
+                cfg.max_attempts = int(attempts)
+            except ValueError:
+                raise ConfigError(f"DAIFU_MAX_ATTEMPTS must be an integer, got {attempts!r}") from None
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        self.matcher = ModuleMatcher.parse(self.modules)
+        if self.max_attempts < 1:
+            raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log level must be debug, info, warning or error, not {self.log_level!r}")
+        for pattern in self.entry:
+            if not pattern or any(ch.isspace() for ch in pattern):
+                raise ConfigError(f"bad DAIFU_ENTRY pattern {pattern!r}")
+
+    def selection(self, module_level: bool = False) -> Selection:
+        return Selection(entries=self.entry, module_level=module_level)
+
+    def export(self) -> None:
+        """Write the options to the environment so child processes inherit them."""
+        os.environ["DAIFU_MODULES"] = self.modules
+        os.environ["DAIFU_ENTRY"] = ",".join(self.entry)
+        os.environ["DAIFU_MAX_ATTEMPTS"] = str(self.max_attempts)
+        os.environ["DAIFU_LOG_LEVEL"] = self.log_level
+        if self.fixes:
+            os.environ["DAIFU_FIXES"] = os.pathsep.join(os.path.abspath(f) for f in self.fixes)
+        if self.log:
+            os.environ["DAIFU_LOG"] = os.path.abspath(self.log)
+        if self.strict:
+            os.environ["DAIFU_STRICT"] = "1"
+        if self.dump:
+            os.environ["DAIFU_DUMP"] = self.dump
+        if self.main:
+            os.environ["DAIFU_MAIN"] = self.main
+
+    def apply(self) -> None:
+        """Configure this process's transform and engine from the options."""
+        from ..cells import options
+        from ..engine import ENGINE
+
+        options.strict = self.strict
+        options.dump = self.dump
+        ENGINE.max_attempts = self.max_attempts

@@ -1,0 +1,105 @@
+"""The import hook: a ``sys.meta_path`` finder that vaccinates target modules.
+
+``find_spec`` answers "no" fast (re-entrancy guard, then the module name
+against ``DAIFU_MODULES``) before any file lookup; then it asks the finders
+after it for the regular spec and claims only plain source modules
+(``SourceFileLoader``): packages work, zip/frozen/extension/namespace imports
+fall through untouched.  The loader vaccinates in ``source_to_code`` and never
+reads or writes ``.pyc`` files -- rewritten code holds live objects (cells,
+the barrier) that cannot be marshalled.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import warnings
+from importlib.machinery import ModuleSpec, SourceFileLoader
+from types import CodeType
+
+from .._errors import NotVaccinatedWarning, TransformError
+from ..cells import Selection, vaccinate_source
+from ..engine._events import ModuleVaccinated, emit
+from ._patterns import ModuleMatcher
+
+
+class DaifuFinder:
+    """Claims source modules whose dotted name matches ``matcher``."""
+
+    def __init__(self, matcher: ModuleMatcher, selection: Selection):
+        self.matcher = matcher
+        self.selection = selection
+        self._tls = threading.local()
+        self.claimed: list[str] = []
+
+    def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        if getattr(self._tls, "busy", False) or not self.matcher.matches(fullname):
+            return None
+        self._tls.busy = True
+        try:
+            spec = self._regular_spec(fullname, path, target)
+        finally:
+            self._tls.busy = False
+        if spec is None or type(spec.loader) is not SourceFileLoader or not spec.origin:
+            return None
+        spec.loader = DaifuLoader(fullname, spec.origin, self.selection)
+        spec.cached = None
+        self.claimed.append(fullname)
+        return spec
+
+    def _regular_spec(self, fullname, path, target) -> ModuleSpec | None:
+        # never importlib.util.find_spec() from here: walk the finders after us
+        finders = list(sys.meta_path)
+        try:
+            rest = finders[finders.index(self) + 1 :]
+        except ValueError:
+            rest = finders
+        for finder in rest:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<DaifuFinder {self.matcher!r}>"
+
+
+class DaifuLoader(SourceFileLoader):
+    """A ``SourceFileLoader`` whose code is vaccinated (and never cached)."""
+
+    def __init__(self, fullname: str, path: str, selection: Selection):
+        super().__init__(fullname, path)
+        self.selection = selection
+
+    def get_code(self, fullname: str) -> CodeType:
+        source = self.get_data(self.get_filename(fullname))
+        return self.source_to_code(source, self.get_filename(fullname))
+
+    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]
+        started = time.perf_counter()
+        try:
+            code, report = vaccinate_source(data, path, self.selection, module=self.name)
+        except (SyntaxError, TransformError):
+            raise
+        except Exception as exc:  # a daifu bug must not break the import
+            warnings.warn(
+                f"daifu: could not vaccinate module {self.name} ({path}): "
+                f"{type(exc).__name__}: {exc}; it runs unmodified",
+                NotVaccinatedWarning,
+                stacklevel=2,
+            )
+            return super().source_to_code(data, path)
+        emit(ModuleVaccinated(
+            module=self.name, file=str(path),
+            functions=[c.qualname for c in report.vaccinated],
+            skipped=[f"{q}: {r}" for q, r in report.skipped],
+        ))
+        _ = started
+        return code

@@ -1,0 +1,274 @@
+"""``python -m daifu [options] script.py [args]`` / ``-m module [args]``.
+
+Makes the target the real ``__main__`` (``sys.argv``, ``sys.path[0]``,
+``__file__``, ``__spec__``, pickling of ``__main__`` objects) as ``python
+script.py`` would, vaccinates it (module-level code and every function with a
+loop), installs the import hook for ``DAIFU_MODULES``, and exits with the
+status the script would have.  daifu's own frames are dropped from
+tracebacks of the script's uncaught exceptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import importlib.machinery
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+import types
+import warnings
+
+from .. import __version__
+from .._errors import ConfigError, NotVaccinatedWarning
+from . import _logging
+from ._config import Config
+from ._install import install
+
+USAGE = """\
+python -m daifu [options] script.py [args ...]
+       python -m daifu [options] -m module [args ...]"""
+
+DESCRIPTION = """\
+Run a Python program so that an exception that would crash it is stopped where
+it happens, inside the live process.  Rules (daifu.on, in the script or in
+--fixes files) can repair the state and retry or skip the failing statement;
+without a fix the exception continues exactly as without daifu."""
+
+EPILOG = """\
+environment variables (options override them; child processes inherit them):
+  DAIFU_MODULES       modules to vaccinate besides the script, e.g. 'mylib.*'
+  DAIFU_ENTRY         functions to vaccinate: qualname globs, '*' = every
+                      function containing a loop (default), '<module>' = module code
+  DAIFU_FIXES         rules files, separated by ':'
+  DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
+  DAIFU_LOG           write events as JSON lines to this file
+  DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
+  DAIFU_STRICT=1      a function that cannot be vaccinated is an error
+  DAIFU_DUMP=1|FILE   print the rewritten bytecode (debugging)
+
+examples:
+  python -m daifu --fixes fixes.py train.py --epochs 3
+  DAIFU_MODULES=mylib python -m daifu -m mylib.train --lr 0.1"""
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PKG = os.path.dirname(_HERE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m daifu", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--fixes", action="append", default=[], metavar="FILE",
+                   help="load rules from FILE before the script starts (repeatable)")
+    p.add_argument("--modules", metavar="PATTERNS",
+                   help="also vaccinate these modules (comma-separated dotted globs)")
+    p.add_argument("--entry", metavar="PATTERNS",
+                   help="functions to vaccinate (qualname globs; '*' = every function with a loop)")
+    p.add_argument("--max-attempts", type=int, metavar="N",
+                   help="give up after N failed retries of one statement (default 5)")
+    p.add_argument("--log", metavar="FILE", help="write daifu's events as JSON lines to FILE")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--strict", action="store_true",
+                   help="fail if a selected function cannot be vaccinated")
+    p.add_argument("--dump", nargs="?", const="-", metavar="FILE",
+                   help="print the rewritten bytecode to stderr (or FILE)")
+    p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
+    return p
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
+    """Split into (daifu options, script, module, program args)."""
+    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-level"}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            if i + 1 >= len(argv):
+                return argv[:i] + ["-m"], None, None, []
+            return argv[:i], None, argv[i + 1], argv[i + 2 :]
+        if arg == "--":
+            rest = argv[i + 1 :]
+            return argv[:i], (rest[0] if rest else None), None, rest[1:]
+        if not arg.startswith("-") or arg == "-":
+            return argv[:i], arg, None, argv[i + 1 :]
+        if arg in takes_value:
+            i += 2
+            continue
+        if arg == "--dump" and i + 1 < len(argv) and not argv[i + 1].startswith("-") and \
+                not argv[i + 1].endswith(".py"):
+            i += 2
+            continue
+        i += 1
+    return argv, None, None, []
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, script, module, args = _split_argv(argv)
+    parser = _parser()
+    if "-m" in options:
+        parser.error("-m needs a module name")
+    ns = parser.parse_args(options)
+    if script is None and module is None:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")
+        raise SystemExit(2)
+    try:
+        cfg = Config.from_env()
+        if ns.fixes:
+            cfg.fixes = tuple(cfg.fixes) + tuple(ns.fixes)
+        if ns.modules is not None:
+            cfg.modules = ns.modules
+        if ns.entry is not None:
+            cfg.entry = tuple(x.strip() for x in ns.entry.split(",") if x.strip()) or ("*",)
+        if ns.max_attempts is not None:
+            cfg.max_attempts = ns.max_attempts
+        if ns.log:
+            cfg.log = ns.log
+        if ns.log_level:
+            cfg.log_level = ns.log_level
+        if ns.strict:
+            cfg.strict = True
+        if ns.dump:
+            cfg.dump = ns.dump
+        cfg.validate()
+        for path in cfg.fixes:
+            if not os.path.isfile(path):
+                raise ConfigError(f"fixes file not found: {path}")
+    except ConfigError as exc:
+        sys.stderr.write(f"python -m daifu: error: {exc}\n")
+        raise SystemExit(2) from None
+    if script is not None:
+        if not os.path.exists(script):
+            # what `python missing.py` says, with the same status
+            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: "
+                             f"[Errno 2] No such file or directory\n")
+            raise SystemExit(2)
+        cfg.main = os.path.abspath(script)
+    cfg.export()
+    _logging.configure(cfg.log, cfg.log_level)
+    install(config=cfg)
+    load_fixes(cfg.fixes, fatal=True)
+    _install_excepthook()
+    if module is not None:
+        _run_module(module, args, cfg)
+    else:
+        _run_script(script, args, cfg)
+
+
+def load_fixes(paths, fatal: bool = False) -> None:
+    """Execute rules files (each as its own module ``daifu_fixes_<n>``)."""
+    for n, path in enumerate(paths):
+        name = f"daifu_fixes_{n}_{os.path.splitext(os.path.basename(path))[0]}"
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        except Exception:
+            sys.stderr.write(f"python -m daifu: error: the fixes file {path} failed to load:\n")
+            traceback.print_exc()
+            if fatal:
+                raise SystemExit(2) from None
+
+
+def _new_main(file: str | None, spec, loader) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=file, __builtins__=builtins, __spec__=spec, __loader__=loader,
+        __package__=spec.parent if spec is not None else None, __cached__=None,
+    )
+    if file is None:
+        del main.__file__
+    sys.modules["__main__"] = main
+    return main
+
+
+def _compile_main(source: bytes, filename: str, cfg: Config) -> types.CodeType:
+    from ..cells import vaccinate_source
+
+    try:
+        code, _ = vaccinate_source(source, filename, cfg.selection(module_level=True),
+                                   module="__main__")
+    except SyntaxError:
+        raise
+    except Exception as exc:
+        if cfg.strict:
+            raise
+        warnings.warn(f"daifu: could not vaccinate {filename}: {type(exc).__name__}: {exc}; "
+                      "it runs unmodified", NotVaccinatedWarning, stacklevel=2)
+        code = compile(source, filename, "exec", dont_inherit=True)
+    return code
+
+
+def _run_script(script: str, args: list[str], cfg: Config) -> None:
+    path = os.path.abspath(script)
+    with open(path, "rb") as fh:
+        source = fh.read()
+    sys.argv[:] = [script, *args]
+    sys.path[0] = os.path.dirname(path)
+    loader = importlib.machinery.SourceFileLoader("__main__", path)
+    main = _new_main(path, None, loader)
+    code = _compile_main(source, path, cfg)
+    exec(code, main.__dict__)
+
+
+def _run_module(name: str, args: list[str], cfg: Config) -> None:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        sys.stderr.write(f"{sys.executable}: No module named {name}\n")
+        raise SystemExit(1)
+    if spec.submodule_search_locations is not None:  # a package: run pkg.__main__
+        name = name + ".__main__"
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            sys.stderr.write(f"{sys.executable}: No module named {name}; '{name[:-9]}' is a "
+                             "package and cannot be directly executed\n")
+            raise SystemExit(1)
+    loader = spec.loader
+    origin = spec.origin
+    get_data = getattr(loader, "get_data", None)
+    if origin is None or get_data is None or not origin.endswith(".py"):
+        warnings.warn(f"daifu: {name} is not a source module; it runs unmodified",
+                      NotVaccinatedWarning, stacklevel=2)
+        sys.argv[:] = [origin or name, *args]
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+        return
+    cfg.main = origin
+    os.environ["DAIFU_MAIN"] = origin
+    sys.argv[:] = [origin, *args]
+    main = _new_main(origin, spec, loader)
+    code = _compile_main(get_data(origin), origin, cfg)
+    exec(code, main.__dict__)
+
+
+def _is_plumbing(tb: types.TracebackType) -> bool:
+    filename = tb.tb_frame.f_code.co_filename
+    return (filename.startswith(_PKG + os.sep) or filename == runpy.__file__
+            or filename.startswith("<frozen runpy"))
+
+
+def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """Drop daifu's runner frames (and runpy's) from the head of a traceback."""
+    while tb is not None and _is_plumbing(tb):
+        tb = tb.tb_next
+    return tb
+
+
+def _install_excepthook() -> None:
+    previous = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        stripped = strip_traceback(tb)
+        if stripped is not tb and value is not None:
+            value.__traceback__ = stripped
+        previous(etype, value, stripped)
+
+    excepthook._daifu = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
