@@ -30,7 +30,7 @@ class Selection:
 
     ``entries`` are ``qualname`` globs (``Trainer.fit``, ``train*``) or
     ``module:qualname`` globs; ``*`` means every function whose own body
-    contains a loop.  ``module_level`` vaccinates the module's top-level code
+    contains a loop, ``**`` every function.  ``module_level`` vaccinates the module's top-level code
     (the default for the script run by ``python -m daifu``).  Functions
     decorated with ``@daifu.vaccinate`` are always selected.
     """
@@ -50,6 +50,8 @@ class Selection:
             mod_pat, _, qual_pat = pattern.rpartition(":")
             if mod_pat and not (module and fnmatchcase(module, mod_pat)):
                 continue
+            if qual_pat == "**":
+                return True
             if qual_pat == "*":
                 if has_loop(scope):
                     return True
