@@ -28,7 +28,7 @@ from ._errors import (
     TransformError,
     UnsupportedPythonWarning,
 )
-from .engine import ABORT, ENGINE, RETRY, SKIP, Crash, Decision, replace
+from .engine import ABORT, CONTINUE, ENGINE, RETRY, SKIP, Crash, Decision, replace
 from .engine._rules import Rule, Where
 
 __version__ = "0.1.0"
@@ -42,8 +42,11 @@ def on(exc_type: type[BaseException] | tuple[type[BaseException], ...] = Excepti
 
     ``where`` narrows it: a qualname glob (``"train"``, ``"Trainer.*"``), a file
     (``"train.py"``), a ``"file.py:LINE"`` (any line of the failing statement),
-    or a predicate ``where(crash) -> bool``.  The rule returns ``daifu.RETRY``,
-    ``daifu.SKIP``, ``daifu.ABORT`` or ``None`` (not mine: ask the next rule).
+    or a predicate ``where(crash) -> bool``.  The rule returns ``daifu.RETRY``
+    (re-execute the failing statement), ``daifu.SKIP`` (continue after it),
+    ``daifu.CONTINUE`` (go on with the innermost for loop's next item, like a
+    ``continue`` statement), ``daifu.ABORT`` (give up for good) or ``None``
+    (not mine: ask the next rule).
     Rules run in registration order; a rule that raises is reported and skipped.
     """
     types_ = exc_type if isinstance(exc_type, tuple) else (exc_type,)
@@ -89,6 +92,7 @@ def uninstall() -> None:
 
 __all__ = [
     "ABORT",
+    "CONTINUE",
     "RETRY",
     "SKIP",
     "ConfigError",

@@ -116,6 +116,9 @@ class Cell:
     #: what skip does, in words ("continue after the statement", "end the loop").
     skip_effect: str | None
     guards: tuple[Guard, ...]
+    #: why ``CONTINUE`` (go on with the innermost loop's next item) is not
+    #: possible here, or None when it is
+    continue_reason: str | None = "not inside a for loop"
     #: names of the values the barrier receives from the value stack, in order
     #: (``iterator`` for a loop header, ``with_exit`` per enclosing ``with``).
     stack_roles: tuple[str, ...] = ()
@@ -129,6 +132,10 @@ class Cell:
     @property
     def can_skip(self) -> bool:
         return self.skip_reason is None
+
+    @property
+    def can_continue(self) -> bool:
+        return self.continue_reason is None
 
     @property
     def location(self) -> str:

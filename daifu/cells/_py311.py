@@ -48,7 +48,7 @@ assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 
 PYTHON = (3, 11)
 
 #: stub answers (the barrier returns one of these; anything else re-raises)
-RETRY, SKIP = 0, 1
+RETRY, SKIP, RAISE, CONTINUE = 0, 1, 2, 3
 
 
 class Unsupported(Exception):
@@ -142,6 +142,8 @@ class _Run:
     copy: Label = field(default_factory=Label)
     skip_target: int | None = None
     skip_pops: int = 0
+    continue_target: int | None = None
+    role: str = ""
 
     def __contains__(self, i: int) -> bool:
         return self.start <= i < self.stop
@@ -406,6 +408,26 @@ def _plan_skip(run: _Run, role: str, ops, label_at) -> tuple[str | None, str | N
     return "the statement has no single continuation", None
 
 
+def _plan_continue(run: _Run, runs: list[_Run], msrc: ModuleSource) -> str | None:
+    """``CONTINUE`` jumps to the innermost for loop's header, like a ``continue``
+    statement -- possible only when no ``try``/``with`` lies between (their
+    exits would be skipped) and the stack holds nothing beyond the loop's own."""
+    loop = msrc.enclosing_loop(run.stmt)
+    if loop is None:
+        return "not inside a loop"
+    if type(loop).__name__ != "For":
+        return "only for loops support continue (this is a while loop)"
+    header = next((r for r in runs if r.stmt is loop and r.role == "loop-header"), None)
+    if header is None:
+        return "the loop header could not be located"
+    if run is header:
+        return "this is the loop header itself (use retry or skip)"
+    if run.entry != header.entry or run.base != header.base:
+        return "a try, with or except block between the statement and the loop would be skipped"
+    run.continue_target = header.start
+    return None
+
+
 # -- handler chains (what the function's own handlers would do) ------------------
 
 
@@ -616,10 +638,13 @@ def rewrite(
             label_of[i] = Label()
         return label_of[i]
 
+    for run in runs:
+        run.role = _role(run, ops)
     # cells
     for n, run in enumerate(runs):
-        role = _role(run, ops)
+        role = run.role
         skip_reason, skip_effect = _plan_skip(run, role, ops, label_at)
+        continue_reason = _plan_continue(run, runs, msrc)
         retry_reason = "a raise statement always raises" if role == "raise" else None
         guards = handler_chain(ops, label_at, run.entry, msrc, code.co_filename)
         roles = []
@@ -643,12 +668,15 @@ def rewrite(
             skip_reason=skip_reason,
             skip_effect=skip_effect,
             guards=guards,
+            continue_reason=continue_reason,
             stack_roles=tuple(roles),
             depth=run.base,
         )
         info.cells.append(run.cell)
         if run.skip_target is not None:
             label_for(run.skip_target)
+        if run.continue_target is not None:
+            label_for(run.continue_target)
         for i, t, _ in _exits(run, ops, label_at):
             label_for(t)
 
@@ -736,7 +764,7 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
 def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
     loc = ops[run.start].instr.location
     b = run.base
-    fallback, on_retry, on_skip = Label(), Label(), Label()
+    fallback, on_retry, on_skip, on_continue = Label(), Label(), Label(), Label()
     guard_key = (fallback, False, b + 2)
     slots = []
     if run.cell.role == "loop-header":
@@ -770,6 +798,13 @@ def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
             _instr("COMPARE_OP", Compare.EQ, loc),
             _instr("POP_JUMP_FORWARD_IF_TRUE", on_skip, loc),
         ]
+    if run.continue_target is not None:
+        body += [
+            _instr("COPY", 1, loc),
+            _instr("LOAD_CONST", CONTINUE, loc),
+            _instr("COMPARE_OP", Compare.EQ, loc),
+            _instr("POP_JUMP_FORWARD_IF_TRUE", on_continue, loc),
+        ]
     body.append(_instr("POP_TOP", loc=loc))
     items.append(_Item(label=run.stub))
     for ins in body:
@@ -792,6 +827,12 @@ def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
         if skey is not None and (tdepth is None or skey[2] > tdepth):
             skey = None
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc), skey))
+    if run.continue_target is not None:
+        items.append(_Item(label=on_continue))
+        for _ in range(3):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.continue_target), loc),
+                           run.entry))
 
 
 def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:

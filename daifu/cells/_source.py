@@ -73,6 +73,11 @@ class StatementIndex:
             block = nested
 
 
+def _in_block(stmt: ast.stmt, block: list[ast.stmt]) -> bool:
+    span = _span(stmt)
+    return any(_span(s)[:2] <= span[:2] and span[2:] <= _span(s)[2:] for s in block)
+
+
 def has_loop(scope: ast.AST) -> bool:
     """True if the scope's own code (not nested functions/classes) has a loop."""
     body = scope.body if hasattr(scope, "body") else []
@@ -130,8 +135,13 @@ class ModuleSource:
         self._scopes: dict[tuple[str, int], ast.AST] = {}
         self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
         self._finally: dict[int, ast.Try] = {}
+        self._parent: dict[int, ast.AST] = {}
         self._walk_scope(self.tree.body, "")
         for node in ast.walk(self.tree):
+            if isinstance(node, ast.stmt) or isinstance(node, ast.Module):
+                for block in _child_blocks(node) if isinstance(node, ast.stmt) else [node.body]:
+                    for child in block:
+                        self._parent[id(child)] = node
             if isinstance(node, ast.ExceptHandler):
                 self._handlers[_span(node)] = node
             elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.finalbody:
@@ -165,6 +175,20 @@ class ModuleSource:
 
     def statements(self, scope: ast.AST) -> StatementIndex:
         return StatementIndex(scope.body)  # type: ignore[attr-defined]
+
+    def enclosing_loop(self, stmt: ast.stmt) -> ast.stmt | None:
+        """The innermost loop around ``stmt`` in the same scope, if any."""
+        node = self._parent.get(id(stmt))
+        while node is not None and not isinstance(node, (ast.Module, *_SCOPES)):
+            if isinstance(node, _LOOPS):
+                # a statement in the loop's `else:` is not inside the loop
+                if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and _in_block(
+                    stmt, node.orelse
+                ):
+                    return None
+                return node
+            node = self._parent.get(id(node))
+        return None
 
     def text(self, stmt: ast.stmt) -> str:
         """Source text of a simple statement, or the header of a compound one."""

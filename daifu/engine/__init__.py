@@ -1,7 +1,7 @@
 """The runtime: crash barrier entry points, the engine, patches and rules."""
 
 from ._crash import Crash
-from ._decision import ABORT, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RETRY, SKIP, Decision
 from ._engine import ENGINE, Engine
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReplacePatch
 from ._replace import replace
@@ -9,6 +9,7 @@ from ._rules import Rule, RuleBook
 
 __all__ = [
     "ABORT",
+    "CONTINUE",
     "ENGINE",
     "RETRY",
     "SKIP",

@@ -25,7 +25,8 @@ class Crash:
     * ``vars`` -- a live, writable mapping of the function's variables;
     * ``globals`` -- the function's module globals;
     * ``attempt`` -- 1 for the first crash at this statement, 2 after one retry...;
-    * ``can_retry``/``can_skip`` and ``retry_reason``/``skip_reason``.
+    * ``can_retry``/``can_skip``/``can_continue`` and the matching
+      ``retry_reason``/``skip_reason``/``continue_reason`` when not possible.
     """
 
     def __init__(self, engine: Engine, exc: BaseException, cell: Cell, frame: types.FrameType,
@@ -48,6 +49,7 @@ class Crash:
         self.iterator = stack[roles.index("iterator")] if "iterator" in roles else None
         self.retry_reason = cell.retry_reason or _dead_iterator(self.iterator)
         self.skip_reason = cell.skip_reason
+        self.continue_reason = cell.continue_reason
 
     # -- facts ---------------------------------------------------------------
 
@@ -62,6 +64,10 @@ class Crash:
     @property
     def can_skip(self) -> bool:
         return self.skip_reason is None
+
+    @property
+    def can_continue(self) -> bool:
+        return self.continue_reason is None
 
     @property
     def frame(self) -> types.FrameType:

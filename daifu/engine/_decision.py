@@ -10,6 +10,7 @@ class Decision(enum.Enum):
 
     RETRY = "retry"  #: re-execute the failing statement
     SKIP = "skip"  #: continue after the failing statement (or end a failing loop header)
+    CONTINUE = "continue"  #: like a ``continue`` statement here: the loop's next item
     ABORT = "abort"  #: give up: the exception continues exactly as without daifu
 
     def __repr__(self) -> str:
@@ -18,4 +19,5 @@ class Decision(enum.Enum):
 
 RETRY = Decision.RETRY
 SKIP = Decision.SKIP
+CONTINUE = Decision.CONTINUE
 ABORT = Decision.ABORT

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PatchError
-from ..cells._cell import Cell
+from ..cells._cell import Cell, cells_of
 from ._crash import Crash
-from ._decision import ABORT, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RETRY, SKIP, Decision
 from ._events import (
     CrashGaveUp,
     CrashIntercepted,
+    CrashPassed,
     CrashResumed,
     InternalError,
     PatchApplied,
@@ -48,7 +49,7 @@ from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReplacePatch
 from ._rules import RuleBook
 
 #: what the stub understands (see ``daifu.cells._py311``)
-RETRY_CODE, SKIP_CODE, RAISE_CODE = 0, 1, 2
+RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE = 0, 1, 2, 3
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
 
@@ -90,6 +91,8 @@ class Engine:
             return RAISE_CODE
         if id(exc) in self._gave_up or getattr(self._tls, "busy", False):
             return RAISE_CODE
+        if not (cell.can_retry or cell.can_skip or cell.can_continue):
+            return RAISE_CODE  # nothing to do here: let the next vaccinated caller try
         exits = list(stack[1:] if cell.stack_roles[:1] == ("iterator",) else stack)
         if would_catch(cell.guards, exc, frame, exits):
             return RAISE_CODE
@@ -132,13 +135,14 @@ class Engine:
                     observer(crash)
                 except Exception:
                     self._internal("observer", crash)
-            if attempt > self.max_attempts:
+            final = attempt > self.max_attempts
+            if final:  # a statement that keeps failing must not bounce around
                 decision, reason = None, (
                     f"the statement failed again after {attempt - 1} retries "
                     f"(max_attempts={self.max_attempts}, DAIFU_MAX_ATTEMPTS)")
             else:
                 decision, reason = self._decide(crash)
-            return self._conclude(crash, key, decision, reason)
+            return self._conclude(crash, key, decision, reason, final)
         except BaseException:
             self._internal("engine", crash)
             self._pending.pop(key, None)
@@ -188,18 +192,26 @@ class Engine:
             return None, "no fix available (no rules registered, no console)"
         return None, "no rule fixed it"
 
-    def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str) -> int:
+    def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str,
+                  final: bool = False) -> int:
         if decision is RETRY:
             self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started)
             if len(self._pending) > 256:  # frames that never came back (bounded)
                 self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE
         self._pending.pop(key, None)
-        if decision is SKIP:
+        if decision is SKIP or decision is CONTINUE:
             self.stats["recovered"] += 1
-            emit(CrashResumed(where=crash.where, action="skip", attempt=crash.attempt,
+            emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
-            return SKIP_CODE
+            return SKIP_CODE if decision is SKIP else CONTINUE_CODE
+        if decision is None and not final and (self.rules or self.waiters) and _vaccinated_caller(crash.frame):
+            # nobody fixed it here: a vaccinated caller gets its turn (a rule may
+            # target it); an explicit ABORT, by contrast, is final
+            self.stats["passed"] += 1
+            emit(CrashPassed(where=crash.where, exc_type=type(crash.exception).__qualname__,
+                             reason=reason))
+            return RAISE_CODE
         self._give_up(crash, "aborted by a fix" if decision is ABORT else reason)
         return RAISE_CODE
 
@@ -290,6 +302,8 @@ class Engine:
             raise PatchError(f"cannot retry here: {crash.retry_reason}")
         if decision is SKIP and not crash.can_skip:
             raise PatchError(f"cannot skip here: {crash.skip_reason}")
+        if decision is CONTINUE and not crash.can_continue:
+            raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
         return decision
 
     # -- diagnostics -----------------------------------------------------------------
@@ -312,6 +326,15 @@ class Engine:
         self.waiters.clear()
         self.observers.clear()
         self.stats.clear()
+
+
+def _vaccinated_caller(frame: types.FrameType) -> bool:
+    f = frame.f_back
+    while f is not None:
+        if cells_of(f.f_code) is not None:
+            return True
+        f = f.f_back
+    return False
 
 
 def _exec_in_frame(crash: Crash, code: str) -> None:

@@ -80,6 +80,16 @@ class CrashGaveUp(Event):
 
 
 @dataclass(frozen=True)
+class CrashPassed(Event):
+    """No fix here; the exception goes on to a vaccinated caller's barrier."""
+
+    event: ClassVar[str] = "crash.passed"
+    where: str
+    exc_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RuleFailed(Event):
     event: ClassVar[str] = "rule.failed"
     level: ClassVar[str] = "error"
