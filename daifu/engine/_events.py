@@ -110,6 +110,16 @@ class ModuleVaccinated(Event):
 
 
 @dataclass(frozen=True)
+class RunSummary(Event):
+    """At exit (runner only), when at least one crash was intercepted."""
+
+    event: ClassVar[str] = "daifu.summary"
+    crashes: int
+    recovered: int
+    gave_up: int
+
+
+@dataclass(frozen=True)
 class InternalError(Event):
     event: ClassVar[str] = "daifu.internal_error"
     level: ClassVar[str] = "error"

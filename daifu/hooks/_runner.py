@@ -11,6 +11,7 @@ tracebacks of the script's uncaught exceptions.
 from __future__ import annotations
 
 import argparse
+import atexit
 import builtins
 import importlib.machinery
 import importlib.util
@@ -154,10 +155,21 @@ def main(argv: list[str] | None = None) -> None:
     install(config=cfg)
     load_fixes(cfg.fixes, fatal=True)
     _install_excepthook()
+    atexit.register(_summary)
     if module is not None:
         _run_module(module, args, cfg)
     else:
         _run_script(script, args, cfg)
+
+
+def _summary() -> None:
+    from ..engine import ENGINE
+    from ..engine._events import RunSummary, emit
+
+    stats = ENGINE.stats
+    if stats["crashes"]:
+        emit(RunSummary(crashes=stats["crashes"], recovered=stats["recovered"],
+                        gave_up=stats["gave_up"]))
 
 
 def load_fixes(paths, fatal: bool = False) -> None:
