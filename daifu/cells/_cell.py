@@ -124,6 +124,19 @@ class Cell:
     stack_roles: tuple[str, ...] = ()
     #: base value-stack depth of the run (diagnostics).
     depth: int = 0
+    #: for a ``match`` run: ((pattern/guard spans), "case ...:", line) per case,
+    #: so a crash report can name the case whose pattern or guard failed
+    cases: tuple = ()
+
+    def describe(self, position: tuple | None) -> tuple[str, int | None]:
+        """(statement text, line) for the failing instruction at ``position``."""
+        if self.cases and position:
+            from ._source import contains
+
+            for spans, text, line in self.cases:
+                if any(contains(span, position) for span in spans):
+                    return text, line
+        return self.source, self.lineno
 
     @property
     def can_retry(self) -> bool:

@@ -657,8 +657,8 @@ def rewrite(
         run.cell = Cell(
             info=info,
             index=n,
-            lineno=getattr(stmt, "lineno", line),
-            end_lineno=getattr(stmt, "end_lineno", end_line),
+            lineno=stmt.lineno,
+            end_lineno=stmt.end_lineno,
             col=getattr(stmt, "col_offset", col),
             end_col=getattr(stmt, "end_col_offset", end_col),
             stmt=type(stmt).__name__,
@@ -671,6 +671,7 @@ def rewrite(
             continue_reason=continue_reason,
             stack_roles=tuple(roles),
             depth=run.base,
+            cases=msrc.cases(stmt) if role == "match" else (),
         )
         info.cells.append(run.cell)
         if run.skip_target is not None:

@@ -40,6 +40,11 @@ def _child_blocks(node: ast.stmt) -> Iterator[list[ast.stmt]]:
         yield case.body
 
 
+def contains(span: tuple[int, int, int, int], pos: Position) -> bool:
+    """Is the instruction position ``pos`` inside the source ``span``?"""
+    return _contains(span, pos)
+
+
 def _contains(span: tuple[int, int, int, int], pos: Position) -> bool:
     line, end_line, col, end_col = pos
     if line is None:
@@ -190,8 +195,22 @@ class ModuleSource:
             node = self._parent.get(id(node))
         return None
 
+    def cases(self, stmt: ast.stmt) -> tuple[tuple[tuple, str, int], ...]:
+        """For a ``match`` statement: (spans of pattern and guard, ``case ...:``
+        text, line) per case."""
+        out = []
+        for case in getattr(stmt, "cases", ()):
+            parts = [case.pattern] + ([case.guard] if case.guard is not None else [])
+            text = "case " + (ast.get_source_segment(self.source, case.pattern) or "?")
+            if case.guard is not None:
+                text += " if " + (ast.get_source_segment(self.source, case.guard) or "?")
+            out.append((tuple(_span(p) for p in parts), text + ":", case.pattern.lineno))
+        return tuple(out)
+
     def text(self, stmt: ast.stmt) -> str:
         """Source text of a simple statement, or the header of a compound one."""
+        if isinstance(stmt, ast.Match):
+            return "match " + (ast.get_source_segment(self.source, stmt.subject) or "?") + ":"
         body = getattr(stmt, "body", None)
         if isinstance(stmt, _SCOPES) or not body or not isinstance(body, list):
             seg = ast.get_source_segment(self.source, stmt)

@@ -40,8 +40,8 @@ class Crash:
         self.started = started
         self.function = cell.info.qualname
         self.filename = cell.info.filename
-        self.lineno = cell.lineno
-        self.statement = cell.source
+        self.position = _position(frame.f_code, lasti)
+        self.statement, self.lineno = cell.describe(self.position)
         self.kind = cell.role
         self.vars = FrameContext(frame)
         self.globals: dict[str, Any] = frame.f_globals
@@ -108,6 +108,17 @@ class Crash:
         exc = self.exception
         return (f"<Crash {type(exc).__name__}: {str(exc)[:60]!r} in {self.function} at "
                 f"{self.where} attempt={self.attempt}>")
+
+
+def _position(code: types.CodeType, lasti: int) -> tuple | None:
+    """(line, end line, column, end column) of the instruction at ``lasti``."""
+    try:
+        for n, pos in enumerate(code.co_positions()):
+            if n == lasti:
+                return pos
+    except Exception:
+        pass
+    return None
 
 
 def _dead_iterator(it: Any) -> str | None:

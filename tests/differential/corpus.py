@@ -2972,3 +2972,371 @@ def isinstance_dispatch_loop(n):
         else:
             out.append(type(v).__name__)
     return out
+
+
+# ---------------------------------------------------------------------------
+# exceptions handled by the language machinery or by callers
+# ---------------------------------------------------------------------------
+
+
+class LazyAttrs:
+    def __init__(self, data):
+        self.data = data
+
+    @property
+    def first(self):
+        return self.data[0]
+
+    @property
+    def broken(self):
+        return self.not_there
+
+
+class Proxy:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class FallbackAttrs:
+    @property
+    def value(self):
+        return self._missing
+
+    def __getattr__(self, name):
+        return "fallback " + name
+
+
+class IndexedSeq:
+    """Old-style sequence protocol: iteration stops at IndexError."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __getitem__(self, i):
+        return self.items[i] * 2
+
+
+class DelegatingIterator:
+    def __init__(self, items):
+        self.it = iter(items)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.it) + 1
+
+
+def _divide(a, b):
+    return a // b
+
+
+def _pick_type(log, exc_type):
+    log.append("clause evaluated")
+    return exc_type
+
+
+@cases(([1, 2],), ([],))
+def getattr_default_swallows_attribute_error(data):
+    obj = LazyAttrs(data)
+    return getattr(obj, "broken", "default"), hasattr(obj, "broken"), getattr(obj, "first", None)
+
+
+@cases((["x", "real"],),)
+def hasattr_on_proxy(names):
+    p = Proxy("text")
+    return [hasattr(p, n) for n in names] + [p.upper()]
+
+
+@cases((),)
+def property_attribute_error_falls_back_to_getattr():
+    return FallbackAttrs().value, FallbackAttrs().other
+
+
+@cases(([1, 2, 3],), ([],))
+def getitem_sequence_protocol_iteration(items):
+    seq = IndexedSeq(items)
+    out = [x for x in seq]
+    out.append(4 in IndexedSeq(items))
+    return out
+
+
+@cases(([1, 2, 3],),)
+def delegating_iterator_stopiteration(items):
+    out = []
+    for x in DelegatingIterator(items):
+        out.append(x)
+    out.append(list(DelegatingIterator(items[:1])))
+    out.append(next(DelegatingIterator([]), "empty"))
+    return out
+
+
+@cases((0,), (2,))
+def suppress_in_caller_frame(b):
+    with contextlib.suppress(ZeroDivisionError):
+        return _divide(10, b)
+    return "suppressed"
+
+
+@cases(([1, 0, 2],),)
+def try_in_caller_of_helper_in_loop(xs):
+    out = []
+    for x in xs:
+        try:
+            out.append(_divide(6, x))
+        except ZeroDivisionError:
+            out.append("caught in caller")
+    return out
+
+
+@cases((0,), (1,))
+def except_clause_expression_side_effects(x):
+    log = []
+    try:
+        log.append(1 // x)
+    except _pick_type(log, ZeroDivisionError):
+        log.append("caught")
+    return log
+
+
+@cases((0,), ("a",), (5,))
+def except_clause_from_local_tuple(x):
+    handled = (ZeroDivisionError, TypeError)
+    names = {"zero": ZeroDivisionError}
+    try:
+        return 10 // x
+    except names["zero"]:
+        return "zero"
+    except handled as e:
+        return type(e).__name__
+
+
+@cases(([1, 0, 3],), ([0],))
+def nested_suppress_and_recorder(xs):
+    log = []
+    for x in xs:
+        with Recorder(log, "outer"):
+            with contextlib.suppress(ZeroDivisionError):
+                with Recorder(log, "inner"):
+                    log.append(3 // x)
+    return log
+
+
+@cases(([1, 0, 3],),)
+def suppress_outside_reraising_handler(xs):
+    log = []
+    for x in xs:
+        with contextlib.suppress(ZeroDivisionError):
+            try:
+                with Recorder(log, "r"):
+                    log.append(3 // x)
+            except ZeroDivisionError:
+                log.append("seen")
+                raise
+    return log
+
+
+@cases((0,), (1,))
+def conditional_suppress_custom_exit(x):
+    log = []
+    with Recorder(log, "maybe", suppress=(x == 0)):
+        log.append(5 // x)
+    return log
+
+
+@cases(([1, 0],),)
+def generator_consumed_inside_try(xs):
+    def gen():
+        for x in xs:
+            yield 4 // x
+
+    out = []
+    try:
+        for v in gen():
+            out.append(v)
+    except ZeroDivisionError:
+        out.append("gen failed")
+    return out
+
+
+@cases(([3, 0, 1],),)
+def generator_expression_caught_by_consumer(xs):
+    try:
+        return sum(12 // x for x in xs)
+    except ZeroDivisionError:
+        return "sum failed"
+
+
+@cases(([2, 0, 1],),)
+def lambda_key_error_caught_by_caller(xs):
+    try:
+        return sorted(xs, key=lambda x: 1 / x)
+    except ZeroDivisionError as e:
+        return str(e)
+
+
+@cases((0,), (2,))
+def exception_at_nonzero_stack_depth(x):
+    def f(*args):
+        return list(args)
+
+    out = []
+    for i in range(3):
+        try:
+            out.append(f(i, i * 2, f(i, 10 // (x - i)), "tail"))
+        except ZeroDivisionError:
+            out.append(("z", i))
+    return out
+
+
+@cases(({"a": 1},), ({},))
+def augmented_subscript_with_failing_rhs(d):
+    counts = {"a": 0}
+    for key in ["a", "b"]:
+        try:
+            counts[key] += d[key]
+        except KeyError as e:
+            counts.setdefault("missing", []).append(e.args[0])
+    return counts
+
+
+@cases(([1, 2],), ([1, 0],))
+def failure_in_for_header_iterable(xs):
+    out = []
+    for x in xs:
+        try:
+            for y in range(4 // x):
+                out.append(y)
+        except ZeroDivisionError:
+            out.append("header failed")
+    for z in [10 // x for x in xs]:
+        out.append(z)
+    return out
+
+
+@cases((0,), (1,))
+def failure_in_with_item_expression(x):
+    log = []
+    try:
+        with Recorder(log, "a"), Recorder(log, str(1 // x)):
+            log.append("body")
+    except ZeroDivisionError:
+        log.append("item failed")
+    return log
+
+
+@cases(([1, 2],), ([0, 2],))
+def failure_in_match_subject_and_guard(xs):
+    out = []
+    for x in xs:
+        try:
+            match 10 // x:
+                case 10:
+                    out.append("ten")
+                case n if 5 // (n - 5) > 0:
+                    out.append(n)
+        except ZeroDivisionError:
+            out.append("z")
+    return out
+
+
+@cases((0,), (1,))
+def failure_in_return_inside_finally_loop(x):
+    log = []
+    for i in range(2):
+        try:
+            log.append(i)
+        finally:
+            if i == 1:
+                return log, 1 // x  # noqa: B012
+    return log
+
+
+@cases((["a", "b"],), (["a", "zz"],))
+def failure_in_fstring_and_assert_message(keys):
+    d = {"a": 1, "b": 2}
+    out = []
+    for k in keys:
+        out.append(f"{k}={d[k]:>3}")
+    assert len(out) < 2, "too many: %s" % d[keys[-1]]
+    return out
+
+
+@cases(([1, 2],), ([1, 0],))
+def failure_inside_yield_expression(xs):
+    acc = 0
+    for x in xs:
+        got = yield (acc, 10 // x)
+        acc += got or 0
+
+
+@cases(([1, 2, 3],), ([1, 0, 3],))
+def failure_in_del_and_star_unpack(xs):
+    d = {x: x for x in xs}
+    out = []
+    for x in xs:
+        try:
+            head, *rest = [1 // x, x]
+            del d[x - 1 if x > 2 else x]
+            out.append((head, rest))
+        except (ZeroDivisionError, KeyError) as e:
+            out.append(type(e).__name__)
+    return out, sorted(d)
+
+
+@cases((1,), (0,))
+def exception_in_except_handler_caught_outside(x):
+    log = []
+    for i in range(2):
+        try:
+            try:
+                [][i]
+            except IndexError:
+                log.append(10 // x)
+        except ZeroDivisionError:
+            log.append("outer")
+    return log
+
+
+@cases((0,), (1,))
+def exception_in_finally_caught_outside(x):
+    log = []
+    for i in range(2):
+        try:
+            try:
+                log.append(i)
+            finally:
+                log.append(10 // x)
+        except ZeroDivisionError:
+            log.append("outer")
+            continue
+        log.append("after")
+    return log
+
+
+@cases((0,), (3,))
+def exception_in_while_condition(x):
+    i = 0
+    out = []
+    try:
+        while 6 // (x - i) > 1:
+            out.append(i)
+            i += 1
+    except ZeroDivisionError:
+        out.append("cond failed")
+    return out
+
+
+@cases(([3, 1, 2],), ([3, None],))
+def comparison_failure_inside_sort_in_loop(xs):
+    out = []
+    for _ in range(2):
+        try:
+            out.append(sorted(xs))
+        except TypeError:
+            out.append("incomparable")
+        xs = xs[::-1]
+    return out

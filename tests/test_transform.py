@@ -1,0 +1,324 @@
+"""Transform tests: every statement kind, crashing inside it once.
+
+Each snippet calls ``flaky()`` at one point; ``flaky`` raises the first time
+it is called and returns normally afterwards.  Vaccinated with a RETRY rule
+the function must return exactly what the plain function returns when nothing
+fails; vaccinated without a rule it must raise exactly what the plain function
+raises.  The cells the rewrite produced are checked too.
+"""
+
+from __future__ import annotations
+
+import dis
+
+import pytest
+
+import daifu
+from daifu.cells import cells_of, is_vaccinated
+
+from .support import plain, vaccinate
+
+PRELUDE = '''
+class Flake(Exception):
+    pass
+
+STATE = {"fail": 0}
+
+def flaky(value=None):
+    if STATE["fail"] > 0:
+        STATE["fail"] -= 1
+        raise Flake("transient")
+    return value
+
+class Ctx:
+    def __init__(self, log, name="c"):
+        self.log, self.name = log, name
+    def __enter__(self):
+        self.log.append("enter " + self.name)
+        return self
+    def __exit__(self, et, ev, tb):
+        self.log.append("exit " + self.name + (" " + et.__name__ if et else ""))
+        return False
+
+G = 0
+'''
+
+SNIPPETS = {
+    "for_else": '''
+def f():
+    out = []
+    for i in range(3):
+        out.append(flaky(i))
+    else:
+        out.append("else")
+    return out
+''',
+    "while_else": '''
+def f():
+    n, out = 0, []
+    while n < 3:
+        n += 1
+        out.append(flaky(n))
+    else:
+        out.append("else")
+    return out
+''',
+    "break_continue_return": '''
+def f():
+    out = []
+    for i in range(10):
+        if i == 1:
+            continue
+        if i == 4:
+            break
+        out.append(flaky(i))
+    for j in range(5):
+        if j == 2:
+            return out + [flaky("ret")]
+    return None
+''',
+    "nested_loops": '''
+def f():
+    out = []
+    for i in range(2):
+        for j in range(2):
+            k = 0
+            while k < 2:
+                out.append((i, j, k, flaky(k)))
+                k += 1
+    return out
+''',
+    "try_except_else_finally": '''
+def f():
+    log = []
+    for i in range(3):
+        try:
+            log.append(flaky(i))
+        except KeyError:
+            log.append("key")
+        else:
+            log.append("else")
+        finally:
+            log.append("finally")
+    return log
+''',
+    "crash_in_except_body": '''
+def f():
+    log = []
+    for i in range(2):
+        try:
+            {}[i]
+        except KeyError as e:
+            log.append(("caught", e.args, flaky(i)))
+    return log
+''',
+    "crash_in_finally_body": '''
+def f():
+    log = []
+    for i in range(2):
+        try:
+            log.append(i)
+        finally:
+            log.append(flaky("fin"))
+    return log
+''',
+    "with_nested": '''
+def f():
+    log = []
+    for i in range(2):
+        with Ctx(log, "a"), Ctx(log, "b") as b:
+            with Ctx(log, "c"):
+                log.append(flaky(b.name))
+    return log
+''',
+    "with_header": '''
+def f():
+    log = []
+    for i in range(2):
+        with Ctx(log, flaky("x")):
+            log.append(i)
+    return log
+''',
+    "match": '''
+def f():
+    out = []
+    for item in [1, [2, 3], {"k": 4}, "s"]:
+        match item:
+            case int(n) if flaky(n) is not None:
+                out.append(("int", n))
+            case [a, b]:
+                out.append(("pair", flaky(a + b)))
+            case {"k": v}:
+                out.append(("map", v))
+            case _:
+                out.append(("other", item))
+    return out
+''',
+    "global_nonlocal": '''
+def f():
+    global G
+    G = 0
+    total = 0
+    def add(v):
+        nonlocal total
+        total += flaky(v)
+    for i in range(4):
+        add(i)
+        G += i
+    return total, G
+''',
+    "closures_lambdas_comprehensions": '''
+def f():
+    scale = 3
+    mul = lambda v: v * scale
+    out = []
+    for i in range(3):
+        out.append([mul(flaky(j)) for j in range(i)])
+        out.append({k: flaky(k) for k in range(2)})
+        out.append(sum(flaky(x) for x in range(i)))
+    return out
+''',
+    "generator": '''
+def gen(n):
+    for i in range(n):
+        yield flaky(i)
+    yield "end"
+
+def f():
+    return list(gen(3))
+''',
+    "del_walrus_star": '''
+def f():
+    out = []
+    data = [1, 2, 3, 4]
+    while (n := len(data)) > 1:
+        first, *rest = flaky(data)
+        out.append((n, first, rest))
+        del data[0]
+    tmp = flaky(5)
+    del tmp
+    return out
+''',
+    "assert_augassign_subscript": '''
+def f():
+    d = {"a": 0}
+    for i in range(3):
+        d["a"] += flaky(i)
+        assert flaky(d["a"]) >= 0, "never"
+    return d
+''',
+    "module_level": None,  # handled below
+}
+
+
+def _run(ns):
+    ns["STATE"]["fail"] = 0
+    return ns["f"]()
+
+
+@pytest.mark.parametrize("kind", [k for k, v in SNIPPETS.items() if v])
+def test_statement_kind_retry_equals_plain(kind):
+    source = PRELUDE + SNIPPETS[kind]
+    expected = _run(plain(source))
+    ns = vaccinate(source)
+    assert is_vaccinated(ns["f"].__code__)
+    assert _run(ns) == expected  # vaccinated, nothing fails
+
+    retried = []
+
+    @daifu.on(Exception)
+    def retry(crash):
+        retried.append(crash.statement)
+        return daifu.RETRY
+
+    ns["STATE"]["fail"] = 1
+    assert ns["f"]() == expected  # vaccinated, fails once, retried
+    assert len(retried) == 1 and "flaky" in retried[0]
+
+
+@pytest.mark.parametrize("kind", [k for k, v in SNIPPETS.items() if v])
+def test_statement_kind_without_rule_raises_like_plain(kind):
+    source = PRELUDE + SNIPPETS[kind]
+    p, v = plain(source), vaccinate(source)
+    results = []
+    for ns in (p, v):
+        ns["STATE"]["fail"] = 1
+        with pytest.raises(Exception) as info:
+            ns["f"]()
+        tb_lines = [(e.name, e.lineno) for e in info.traceback if "daifu-tests" in str(e.path)]
+        results.append((info.type.__name__, info.value.args, tb_lines))
+    assert results[0] == results[1]
+
+
+def test_module_level_code_statement_kinds():
+    source = PRELUDE + '''
+log = []
+for i in range(3):
+    try:
+        log.append(flaky(i))
+    finally:
+        log.append("f")
+with Ctx(log):
+    log.append(flaky("w"))
+'''
+    expected = plain(source)["log"]
+
+    @daifu.on(Exception)
+    def retry(crash):
+        return daifu.RETRY
+
+    ns = vaccinate(source.replace('STATE = {"fail": 0}', 'STATE = {"fail": 2}'),
+                   module_level=True)
+    assert ns["log"] == expected
+    assert ns["STATE"] == {"fail": 0}  # both failures happened and were retried
+
+
+def test_cells_describe_statements():
+    ns = vaccinate(PRELUDE + SNIPPETS["try_except_else_finally"])
+    info = cells_of(ns["f"].__code__)
+    roles = {(c.role, c.source) for c in info.cells}
+    assert ("loop-header", "for i in range(3):") in roles
+    assert ("statement", "log.append(flaky(i))") in roles
+    body = next(c for c in info.cells if c.source == "log.append(flaky(i))")
+    kinds = [g.kind for g in body.guards]
+    assert kinds == ["except", "finally"]
+    assert body.can_retry and body.can_skip
+    assert not body.can_continue  # the try/finally would be skipped
+
+
+def test_normal_path_never_calls_daifu():
+    """No call to the barrier or the resumed-probe outside the appended stubs
+    and retry copies: the original instructions are unchanged."""
+    ns = vaccinate(PRELUDE + SNIPPETS["nested_loops"])
+    original = cells_of(ns["f"].__code__).original
+    new = ns["f"].__code__
+    old_ops = [(i.opname, i.argrepr) for i in dis.get_instructions(original)]
+    new_ops = [(i.opname, i.argrepr) for i in dis.get_instructions(new)]
+    assert new_ops[: len(old_ops)] == old_ops
+    assert not any("barrier" in repr(arg) or "resumed" in repr(arg)
+                   for _, arg in new_ops[: len(old_ops)])
+
+
+def test_keyboard_interrupt_and_generator_exit_are_never_intercepted():
+    ns = vaccinate('''
+def stop(exc):
+    for i in range(3):
+        raise exc
+def gen():
+    for i in range(3):
+        yield i
+''')
+    seen = []
+
+    @daifu.on(BaseException)
+    def everything(crash):
+        seen.append(crash)
+        return daifu.RETRY
+
+    for exc in (KeyboardInterrupt, SystemExit, GeneratorExit, StopIteration):
+        with pytest.raises(exc):
+            ns["stop"](exc)
+    g = ns["gen"]()
+    next(g)
+    g.close()
+    assert seen == []
