@@ -1,0 +1,428 @@
+"""The engine: rules, patches, events, and never making a crash worse."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+
+import pytest
+from structlog.testing import capture_logs
+
+import daifu
+from daifu.engine import ENGINE
+
+from .support import vaccinate
+
+SOURCE = '''
+import contextlib
+
+def divide_all(xs):
+    out = []
+    for x in xs:
+        out.append(60 // x)
+    return out
+
+def scale(v):
+    return v * 2
+
+class Model:
+    def forward(self, v):
+        return v + 1
+
+def uses_helpers(xs, model):
+    out = []
+    for x in xs:
+        out.append(model.forward(scale(x)))
+    return out
+
+def with_suppress(xs):
+    out = []
+    for x in xs:
+        with contextlib.suppress(ZeroDivisionError):
+            out.append(60 // x)
+    return out
+
+def caller_catches(xs):
+    try:
+        return divide_all(xs)
+    except ZeroDivisionError:
+        return "handled by caller"
+
+def caller_logs_and_reraises(xs, log):
+    try:
+        return divide_all(xs)
+    except ZeroDivisionError:
+        log.append("logged")
+        raise
+
+def closure_maker():
+    k = 10
+    def inner(v):
+        return v + k
+    return inner
+'''
+
+
+@pytest.fixture
+def m():
+    return vaccinate(SOURCE, entries=("divide_all", "uses_helpers", "with_suppress"))
+
+
+def test_rules_run_in_order_and_none_means_not_mine(m):
+    calls = []
+
+    @daifu.on(ZeroDivisionError)
+    def first(crash):
+        calls.append("first")
+        return None
+
+    @daifu.on(ArithmeticError)
+    def second(crash):
+        calls.append("second")
+        crash.vars["x"] = 1
+        return daifu.RETRY
+
+    @daifu.on(ZeroDivisionError)
+    def third(crash):
+        calls.append("third")
+        return daifu.ABORT
+
+    assert m["divide_all"]([0]) == [60]
+    assert calls == ["first", "second"]
+
+
+def test_rule_type_filter(m):
+    @daifu.on(KeyError)
+    def never(crash):
+        raise AssertionError("not for ZeroDivisionError")
+
+    with pytest.raises(ZeroDivisionError):
+        m["divide_all"]([0])
+
+
+@pytest.mark.parametrize("where,fires", [
+    ("divide_all", True), ("divide_*", True), ("other", False),
+    ("snippet*.py:7", None), (lambda crash: crash.lineno == 7, True),
+])
+def test_rule_where_filters(m, where, fires):
+    fired = []
+    if where == "snippet*.py:7":  # file:line form, with the real file name
+        where = f"{m['__file__']}:7"
+        fires = True
+
+    @daifu.on(ZeroDivisionError, where=where)
+    def rule(crash):
+        fired.append(crash.lineno)
+        crash.vars["x"] = 3
+        return daifu.RETRY
+
+    if fires:
+        assert m["divide_all"]([0]) == [20]
+        assert fired == [7]
+    else:
+        with pytest.raises(ZeroDivisionError):
+            m["divide_all"]([0])
+        assert fired == []
+
+
+def test_a_rule_that_raises_is_reported_and_the_next_rule_runs(m):
+    with capture_logs() as logs:
+        @daifu.on(ZeroDivisionError)
+        def broken(crash):
+            raise RuntimeError("bug in my fix")
+
+        @daifu.on(ZeroDivisionError)
+        def good(crash):
+            crash.vars["x"] = 2
+            return daifu.RETRY
+
+        assert m["divide_all"]([0]) == [30]
+    failed = [e for e in logs if e["event"] == "rule.failed"]
+    assert len(failed) == 1
+    assert "RuntimeError: bug in my fix" in failed[0]["error"]
+    assert "bug in my fix" in failed[0]["traceback"]
+
+
+def test_a_fix_that_raises_leaves_state_intact_and_gives_up_cleanly(m):
+    xs = [5, 0, 3]
+
+    @daifu.on(ZeroDivisionError)
+    def broken(crash):
+        crash.vars["out"].append("partial")  # a mutation before failing
+        raise ValueError("oops")
+
+    with pytest.raises(ZeroDivisionError) as info:
+        m["divide_all"](xs)
+    assert info.value.__context__ is None  # the original exception, not chained to the fix
+    assert xs == [5, 0, 3]
+
+
+def test_bad_return_value_is_rejected(m):
+    with capture_logs() as logs:
+        @daifu.on(ZeroDivisionError)
+        def confused(crash):
+            return "retry"
+
+        with pytest.raises(ZeroDivisionError):
+            m["divide_all"]([0])
+    rejected = [e for e in logs if e["event"] == "patch.rejected"]
+    assert rejected and "not 'retry'" in rejected[0]["reason"]
+
+
+def test_events_for_a_recovered_crash(m):
+    with capture_logs() as logs:
+        @daifu.on(ZeroDivisionError)
+        def fix(crash):
+            crash.exec("x = 6")
+            return daifu.RETRY
+
+        assert m["divide_all"]([0]) == [10]
+    names = [e["event"] for e in logs]
+    assert names == ["crash.intercepted", "patch.applied", "patch.applied", "crash.resumed"]
+    intercepted, exec_applied, decision, resumed = logs
+    assert intercepted["function"] == "divide_all"
+    assert intercepted["statement"] == "out.append(60 // x)"
+    assert intercepted["exc_type"] == "ZeroDivisionError"
+    assert intercepted["where"].endswith(":7")
+    assert exec_applied["kind"] == "exec" and exec_applied["summary"] == "x = 6"
+    assert decision["summary"] == "retry"
+    assert resumed["action"] == "retry" and resumed["latency_ms"] >= 0
+
+
+def test_events_for_a_crash_nobody_fixes(m):
+    with capture_logs() as logs:
+        with pytest.raises(ZeroDivisionError):
+            m["divide_all"]([0])
+    assert [e["event"] for e in logs] == ["crash.intercepted", "crash.gave_up"]
+
+
+def test_exec_that_does_not_compile_or_raises(m):
+    errors = []
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        for code in ("x = = 1", "x = undefined_name"):
+            try:
+                crash.exec(code)
+            except daifu.PatchError as err:
+                errors.append(str(err))
+        assert crash.vars["x"] == 0  # nothing changed
+        crash.exec("x = 4")
+        return daifu.RETRY
+
+    assert m["divide_all"]([0]) == [15]
+    assert errors[0].startswith("code does not compile")
+    assert errors[1].startswith("code raised NameError")
+
+
+def test_eval_in_frame(m):
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        assert crash.eval("len(out), x") == (0, 0)
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        m["divide_all"]([0])
+
+
+def test_vars_refuses_names_that_are_not_variables(m):
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        with pytest.raises(KeyError, match="not a variable of divide_all"):
+            crash.vars["nonexistent"] = 1
+        crash.vars["x"] = 1
+        return daifu.RETRY
+
+    assert m["divide_all"]([0]) == [60]
+
+
+def test_replace_swaps_code_everywhere(m):
+    model = m["Model"]()
+    bound = model.forward
+    held = [m["scale"]]
+
+    def better_scale(v):
+        return v * 3
+
+    def better_forward(self, v):
+        return v + 100
+
+    @daifu.on(ZeroDivisionError)
+    def unused(crash):
+        return None
+
+    daifu.replace(m["scale"], better_scale)
+    daifu.replace(m["Model"].forward, better_forward)
+    assert held[0](2) == 6 and bound(1) == 101
+    assert m["uses_helpers"]([1, 2], model) == [103, 106]
+
+
+def test_replace_vaccinates_the_new_code_of_a_vaccinated_function(m, tmp_path, monkeypatch):
+    fixed_mod = tmp_path / "fixed_impl.py"
+    fixed_mod.write_text(
+        "def divide_all(xs):\n    out = []\n    for x in xs:\n        out.append(120 // x)\n"
+        "    return out\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fixed_impl
+
+    from daifu.cells import is_vaccinated
+
+    daifu.replace(m["divide_all"], fixed_impl.divide_all)
+    assert is_vaccinated(m["divide_all"].__code__)
+    assert m["divide_all"]([2]) == [60]
+
+
+def test_replace_errors_are_clear(m):
+    inner = m["closure_maker"]()
+    with pytest.raises(daifu.PatchError, match="closes over"):
+        daifu.replace(inner, lambda v: v)
+    with pytest.raises(daifu.PatchError, match="must be a Python function"):
+        daifu.replace(len, lambda v: v)
+
+
+def test_in_frame_suppress_is_respected(m):
+    with capture_logs() as logs:
+        assert m["with_suppress"]([1, 0, 2]) == [60, 30]
+    assert logs == []
+
+
+def test_pytest_raises_in_frame_is_respected():
+    ns = vaccinate('''
+import pytest
+def check(xs):
+    for x in xs:
+        with pytest.raises(ZeroDivisionError):
+            1 // x
+    return "ok"
+''')
+    with capture_logs() as logs:
+        assert ns["check"]([0, 0]) == "ok"
+    assert logs == []
+
+
+def test_caller_in_a_target_file_that_catches_is_respected():
+    ns = vaccinate(SOURCE, entries=("divide_all",))
+    with capture_logs() as logs:
+        assert ns["caller_catches"]([0]) == "handled by caller"
+    assert logs == []
+
+
+def test_caller_that_logs_and_reraises_does_not_count_as_handling():
+    ns = vaccinate(SOURCE, entries=("divide_all",))
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        crash.vars["x"] = 30
+        return daifu.RETRY
+
+    log = []
+    assert ns["caller_logs_and_reraises"]([0], log) == [2]
+    assert log == []
+
+
+def test_internal_error_falls_back_to_the_original_exception(m, monkeypatch):
+    def explode(*args, **kwargs):
+        raise RuntimeError("daifu bug")
+
+    monkeypatch.setattr(ENGINE, "_decide", explode)
+    with capture_logs() as logs:
+        with pytest.raises(ZeroDivisionError) as info:
+            m["divide_all"]([0])
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert frames[-1] == "divide_all"
+    assert not any("/daifu/" in f.filename for f in traceback.extract_tb(info.value.__traceback__))
+    assert "daifu.internal_error" in [e["event"] for e in logs]
+
+
+def test_barrier_failure_falls_back_to_the_original_exception(m, monkeypatch):
+    monkeypatch.setattr(ENGINE, "on_exception", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError) as info:
+        m["divide_all"]([0])
+    assert "60 // x" in "".join(traceback.format_exception(info.value))
+
+
+def test_crash_in_a_thread_is_recovered(m):
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        crash.vars["x"] = 60
+        return daifu.RETRY
+
+    results = {}
+
+    def worker(n):
+        results[n] = m["divide_all"]([n, 0])
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {1: [60, 1], 2: [30, 1], 3: [20, 1]}
+
+
+def test_nested_crash_while_a_rule_runs_is_not_intercepted(m):
+    inner = []
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        try:
+            m["divide_all"]([0])  # crashes again, inside the rule
+        except ZeroDivisionError:
+            inner.append("raised normally")
+        crash.vars["x"] = 1
+        return daifu.RETRY
+
+    assert m["divide_all"]([0]) == [60]
+    assert inner == ["raised normally"]
+
+
+def test_given_up_exception_is_not_intercepted_again_by_outer_frames():
+    ns = vaccinate('''
+def inner(xs):
+    for x in xs:
+        1 // x
+
+def outer(batches):
+    for b in batches:
+        inner(b)
+''')
+    seen = []
+
+    @daifu.on(ZeroDivisionError)
+    def give_up(crash):
+        seen.append(crash.function)
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        ns["outer"]([[1], [0]])
+    assert seen == ["inner"]
+
+
+def test_unfixed_crash_passes_to_a_vaccinated_caller():
+    ns = vaccinate('''
+def inner(xs):
+    for x in xs:
+        1 // x
+
+def outer(batches):
+    done = []
+    for b in batches:
+        inner(b)
+        done.append(b)
+    return done
+''')
+
+    @daifu.on(ZeroDivisionError, where="outer")
+    def skip_batch(crash):
+        return daifu.SKIP
+
+    with capture_logs() as logs:
+        assert ns["outer"]([[1], [0], [2]]) == [[1], [0], [2]]
+    assert [e["event"] for e in logs][:4] == [
+        "crash.intercepted", "crash.passed", "crash.intercepted", "patch.applied"]
+
+
+def test_contextlib_suppress_outside_daifu_unchanged():
+    with contextlib.suppress(ZeroDivisionError):
+        1 // 0

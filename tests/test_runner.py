@@ -1,0 +1,161 @@
+"""``python -m daifu``: the target behaves as if run by ``python`` itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def daifu(args, cwd, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "daifu", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})}, **kw)
+
+
+def python(args, cwd, **kw):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+MAIN_FACTS = textwrap.dedent('''
+    import json, os, pickle, sys
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    facts = {
+        "name": __name__,
+        "file": __file__,
+        "argv": sys.argv,
+        "path0": sys.path[0],
+        "spec": None if __spec__ is None else __spec__.name,
+        "package": __package__,
+        "main_is_module": sys.modules["__main__"].__dict__ is globals(),
+        "pickled": pickle.loads(pickle.dumps(Point(3))).x,
+        "doc": __doc__,
+    }
+    print(json.dumps(facts))
+''')
+
+
+def test_script_is_the_real_main(tmp_path):
+    (tmp_path / "sub").mkdir()
+    script = tmp_path / "sub" / "facts.py"
+    script.write_text(MAIN_FACTS)
+    expected = json.loads(python(["sub/facts.py", "a", "--b"], cwd=tmp_path).stdout)
+    got = json.loads(daifu(["sub/facts.py", "a", "--b"], cwd=tmp_path).stdout)
+    assert got == expected
+    assert got["argv"] == ["sub/facts.py", "a", "--b"]
+    assert got["path0"] == str(tmp_path / "sub")
+
+
+def test_dash_m_module_and_package(tmp_path):
+    pkg = tmp_path / "apppkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "facts.py").write_text(MAIN_FACTS)
+    (pkg / "__main__.py").write_text(MAIN_FACTS)
+    for target in ("apppkg.facts", "apppkg"):
+        expected = json.loads(python(["-m", target, "x"], cwd=tmp_path).stdout)
+        got = json.loads(daifu(["-m", target, "x"], cwd=tmp_path).stdout)
+        assert got == expected, target
+
+
+@pytest.mark.parametrize(
+    "body,status",
+    [
+        ("import sys\nsys.exit(3)\n", 3),
+        ("raise SystemExit('bye')\n", 1),
+        ("def f():\n    for i in range(2):\n        {}['k']\nf()\n", 1),
+        ("print('fine')\n", 0),
+    ],
+)
+def test_exit_status_and_stderr_like_python(tmp_path, body, status):
+    (tmp_path / "s.py").write_text(body)
+    plain = python(["s.py"], cwd=tmp_path)
+    under = daifu(["--log", str(tmp_path / "log.jsonl"), "s.py"], cwd=tmp_path)
+    assert plain.returncode == under.returncode == status
+    assert under.stdout == plain.stdout
+    assert under.stderr == plain.stderr
+
+
+def test_uncaught_exception_traceback_hides_daifu_frames(tmp_path):
+    (tmp_path / "s.py").write_text("def f(xs):\n    for x in xs:\n        1 / x\nf([0])\n")
+    under = daifu(["--log", "events.jsonl", "s.py"], cwd=tmp_path)
+    tb = under.stderr[under.stderr.index("Traceback"):]
+    assert "daifu" not in tb and "runpy" not in tb
+    assert tb.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_missing_script_and_missing_module(tmp_path):
+    assert daifu(["nope.py"], cwd=tmp_path).returncode == python(["nope.py"], cwd=tmp_path).returncode
+    proc = daifu(["-m", "no_such_module_xyz"], cwd=tmp_path)
+    assert proc.returncode == 1 and "No module named no_such_module_xyz" in proc.stderr
+
+
+def test_help_lists_options_and_environment(tmp_path):
+    proc = daifu(["--help"], cwd=tmp_path)
+    assert proc.returncode == 0
+    for word in ("--fixes", "--modules", "DAIFU_MODULES", "DAIFU_ENTRY", "DAIFU_MAX_ATTEMPTS"):
+        assert word in proc.stdout
+
+
+def test_no_target_is_a_usage_error(tmp_path):
+    proc = daifu([], cwd=tmp_path)
+    assert proc.returncode == 2 and "no script" in proc.stderr
+
+
+def test_broken_fixes_file_stops_before_running(tmp_path):
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    (tmp_path / "fixes.py").write_text("import daifu\n@daifu.on(3)\ndef f(c): pass\n")
+    proc = daifu(["--fixes", "fixes.py", "s.py"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "fixes file fixes.py failed to load" in proc.stderr
+    assert "TypeError: daifu.on expects exception classes" in proc.stderr
+    assert "ran" not in proc.stdout
+
+
+def test_options_come_from_environment(tmp_path):
+    (tmp_path / "lib_mod.py").write_text(
+        "def work(xs):\n    out = []\n    for x in xs:\n        out.append(6 // x)\n    return out\n")
+    (tmp_path / "s.py").write_text("import lib_mod\nprint(lib_mod.work([1, 0]))\n")
+    (tmp_path / "fixes.py").write_text(
+        "import daifu\n@daifu.on(ZeroDivisionError)\ndef f(c):\n    c.vars['x'] = 2\n"
+        "    return daifu.RETRY\n")
+    proc = daifu(["s.py"], cwd=tmp_path, env={"DAIFU_MODULES": "lib_mod",
+                                              "DAIFU_FIXES": "fixes.py",
+                                              "DAIFU_LOG": "events.jsonl"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[6, 3]"
+    events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text()
+              .splitlines()]
+    assert events[:3] == ["crash.intercepted", "patch.applied", "crash.resumed"]
+    assert events[-1] == "daifu.summary"
+
+
+def test_rules_in_the_script_itself(tmp_path):
+    (tmp_path / "s.py").write_text(textwrap.dedent('''
+        import daifu
+
+        @daifu.on(KeyError, where="lookup")
+        def default(crash):
+            crash.vars["table"][crash.vars["key"]] = 0
+            return daifu.RETRY
+
+        def lookup(keys):
+            table = {"a": 1}
+            out = []
+            for key in keys:
+                out.append(table[key])
+            return out
+
+        print(lookup(["a", "b", "a"]))
+    '''))
+    proc = daifu(["--log", "log.jsonl", "s.py"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[1, 0, 1]"
