@@ -21,18 +21,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A side-effect-free expression: ``name`` (looked up in ``scope``: fast,
+    global, name or deref), then attributes, read with
+    ``inspect.getattr_static`` so that no property or ``__getattr__`` runs;
+    or a tuple of ``items``; or a constant."""
+
+    name: str = ""
+    scope: str = "name"
+    attrs: tuple[str, ...] = ()
+    items: tuple[Ref, ...] | None = None
+    const: object = None
+    is_const: bool = False
+
+
 @dataclass(eq=False)
 class Clause:
     """One ``except X:`` clause.
 
-    ``test`` evaluates the clause's type expression in the frame's namespace;
-    ``None`` means daifu could not (a call in the expression, say) and must
-    assume the clause matches.  ``reraises`` is true when every path through
+    ``test`` is the clause's type expression as a side-effect-free recipe
+    (``Ref`` lookups: names, attribute chains, tuples) evaluated in the frame's
+    namespace without running user code; ``None`` means daifu could not (a call
+    in the expression, say) and must assume the clause matches.  ``reraises`` is true when every path through
     the clause body ends in a bare ``raise`` (log-and-re-raise handlers), so the
     exception escapes anyway and daifu may intercept it first.
     """
 
-    test: types.CodeType | None
+    test: Ref | None
     text: str = ""
     bare: bool = False
     reraises: bool = False
@@ -50,9 +66,16 @@ class ExceptGuard:
 
 @dataclass(eq=False)
 class WithGuard:
-    """A ``with`` around the cell; ``slot`` is the value-stack index of ``__exit__``."""
+    """A ``with`` around the cell; ``slot`` is the value-stack index of its
+    ``__exit__``.  ``context`` is the context expression as a ``Ref`` when it is
+    a plain name/attribute chain, or the *callee* of a call (``torch.no_grad()``)
+    with ``called`` set -- how callers' ``with`` blocks are classified without
+    access to their value stack."""
 
     slot: int
+    context: Ref | None = None
+    called: bool = False
+    args: tuple[Ref, ...] = ()
     kind: str = "with"
 
 

@@ -39,6 +39,7 @@ from ._cell import (
     FinallyGuard,
     Guard,
     OpaqueGuard,
+    Ref,
     WithGuard,
 )
 from ._source import ModuleSource
@@ -110,10 +111,6 @@ _PASS_THROUGH = frozenset(
         "NOP",
     }
 )
-_CLAUSE_LOADS = frozenset(
-    {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_ATTR",
-     "LOAD_CONST", "BUILD_TUPLE"}
-)
 _CLAUSE_STOP = frozenset(
     {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL", "STORE_ATTR", "STORE_SUBSCR",
      "POP_TOP", "RETURN_VALUE", "RERAISE", "RAISE_VARARGS", "JUMP_FORWARD", "JUMP_BACKWARD",
@@ -167,6 +164,35 @@ def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] 
     for name in deleted:
         snapshot.pop(name, None)
     _locals_to_fast(frame, 1)
+
+
+class _FrameObject(ctypes.Structure):
+    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
+                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
+
+
+class _InterpreterFrame(ctypes.Structure):  # CPython 3.11 Include/internal/pycore_frame.h
+    _fields_ = [("f_func", ctypes.c_void_p), ("f_globals", ctypes.c_void_p),
+                ("f_builtins", ctypes.c_void_p), ("f_locals", ctypes.c_void_p),
+                ("f_code", ctypes.c_void_p), ("frame_obj", ctypes.c_void_p),
+                ("previous", ctypes.c_void_p), ("prev_instr", ctypes.c_void_p),
+                ("stacktop", ctypes.c_int), ("is_entry", ctypes.c_bool)]
+
+
+def called_from_c(frame: types.FrameType) -> bool | None:
+    """Was this (executing) frame entered from C code -- a builtin such as
+    ``getattr``/``list``, a type call, a protocol slot -- rather than by a
+    Python-to-Python call?  None if the layout check fails."""
+    try:
+        outer = _FrameObject.from_address(id(frame))
+        if not outer.f_frame:
+            return None
+        inner = _InterpreterFrame.from_address(outer.f_frame)
+        if inner.f_code != id(frame.f_code) or inner.frame_obj != id(frame):
+            return None  # not the layout we know: say nothing
+        return bool(inner.is_entry)
+    except Exception:
+        return None
 
 
 # -- decoding and analysis ------------------------------------------------------
@@ -431,34 +457,80 @@ def _plan_continue(run: _Run, runs: list[_Run], msrc: ModuleSource) -> str | Non
 # -- handler chains (what the function's own handlers would do) ------------------
 
 
-def _clause_code(instrs: list[Instr], filename: str) -> types.CodeType | None:
-    body: list[Instr] = []
+def _ref_from_instrs(instrs: list[Instr]) -> Ref | None:
+    """The clause's type expression as a side-effect-free ``Ref``, or None."""
+    stack: list[Ref] = []
     for ins in instrs:
         name = ins.name
         if name == "LOAD_GLOBAL":
             push_null, gname = ins.arg
             if push_null:
                 return None
-            body.append(Instr("LOAD_NAME", gname))
-        elif name in ("LOAD_FAST", "LOAD_NAME"):
-            body.append(Instr("LOAD_NAME", ins.arg))
+            stack.append(Ref(gname, "global"))
+        elif name == "LOAD_NAME":
+            stack.append(Ref(ins.arg, "name"))
+        elif name == "LOAD_FAST":
+            stack.append(Ref(ins.arg, "fast"))
         elif name in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
             var = ins.arg
-            body.append(Instr("LOAD_NAME", var.name if isinstance(var, (CellVar, FreeVar)) else var))
-        elif name in ("LOAD_ATTR", "LOAD_CONST", "BUILD_TUPLE"):
-            body.append(Instr(name, ins.arg))
+            stack.append(Ref(var.name if isinstance(var, (CellVar, FreeVar)) else var, "deref"))
+        elif name == "LOAD_ATTR" and stack:
+            base = stack.pop()
+            if base.items is not None or base.is_const:
+                return None
+            stack.append(Ref(base.name, base.scope, base.attrs + (ins.arg,)))
+        elif name == "LOAD_CONST":
+            stack.append(Ref(const=ins.arg, is_const=True))
+        elif name == "BUILD_TUPLE" and len(stack) >= ins.arg:
+            items = tuple(stack[len(stack) - ins.arg :])
+            del stack[len(stack) - ins.arg :]
+            stack.append(Ref(items=items))
         else:
             return None
-    if not body:
-        return None
-    bc = Bytecode([Instr("RESUME", 0), *body, Instr("RETURN_VALUE")])
-    bc.filename = filename
-    bc.name = "<except clause>"
-    bc.flags = 0
-    try:
-        return bc.to_code()
-    except Exception:  # pragma: no cover - defensive: a clause we mis-parsed
-        return None
+    return stack[0] if len(stack) == 1 else None
+
+
+def _ref_from_ast(node, code: types.CodeType) -> Ref | None:
+    """A ``Ref`` for a name / attribute chain / tuple expression in ``code``."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        if code.co_name == "<module>" or code.co_flags & 0x1 == 0:  # not CO_OPTIMIZED
+            return Ref(node.id, "name")
+        if node.id in code.co_cellvars or node.id in code.co_freevars:
+            return Ref(node.id, "deref")
+        if node.id in code.co_varnames:
+            return Ref(node.id, "fast")
+        return Ref(node.id, "global")
+    if isinstance(node, ast.Attribute):
+        base = _ref_from_ast(node.value, code)
+        if base is None or base.items is not None or base.is_const:
+            return None
+        return Ref(base.name, base.scope, base.attrs + (node.attr,))
+    if isinstance(node, ast.Tuple):
+        items = tuple(_ref_from_ast(e, code) for e in node.elts)
+        return None if any(i is None for i in items) else Ref(items=items)
+    if isinstance(node, ast.Constant):
+        return Ref(const=node.value, is_const=True)
+    return None
+
+
+def _with_guard(slot: int, stmt, item_index: int, code: types.CodeType) -> WithGuard:
+    """Describe the ``with`` item whose handler was found, for callers' frames
+    where the live ``__exit__`` cannot be read."""
+    import ast
+
+    items = getattr(stmt, "items", None) or []
+    if not 0 <= item_index < len(items):
+        return WithGuard(slot=slot)
+    expr = items[item_index].context_expr
+    if isinstance(expr, ast.Call):
+        func = _ref_from_ast(expr.func, code)
+        args = tuple(_ref_from_ast(a, code) for a in expr.args)
+        if any(a is None for a in args) or expr.keywords:
+            args = ()
+        return WithGuard(slot=slot, context=func, called=True, args=args)
+    return WithGuard(slot=slot, context=_ref_from_ast(expr, code))
 
 
 def _walk_to_reraise(ops: list[_Op], i: int) -> int | None:
@@ -472,13 +544,18 @@ def _walk_to_reraise(ops: list[_Op], i: int) -> int | None:
     return None
 
 
-def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, filename):
+def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, seen_with):
     """Handler starting with PUSH_EXC_INFO at ``h``.  Returns (guard, catches_all)."""
     nxt = ops[h + 1].instr if h + 1 < len(ops) else None
     if nxt is None:
         return OpaqueGuard("handler at end of code"), True
     if nxt.name == "WITH_EXCEPT_START":
-        return WithGuard(slot=depth - 1), False
+        stmt = _stmt_at(msrc, code, _location(nxt))
+        if stmt is None:
+            return WithGuard(slot=depth - 1), False
+        n = seen_with.get(id(stmt), 0)
+        seen_with[id(stmt)] = n + 1
+        return _with_guard(depth - 1, stmt, len(stmt.items) - 1 - n, code), False
     clauses: list[Clause] = []
     j = h + 1
     for _ in range(64):
@@ -509,10 +586,7 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, filena
         if not jmp.name.startswith("POP_JUMP_FORWARD_IF_FALSE"):
             return OpaqueGuard("unrecognised except clause"), True
         type_instrs = [ops[x].instr for x in range(j, k)]
-        if any(ins.name not in _CLAUSE_LOADS for ins in type_instrs):
-            test = None
-        else:
-            test = _clause_code(type_instrs, filename)
+        test = _ref_from_instrs(type_instrs)
         pos = _location(ops[k].instr)
         handler = msrc.handler_at(pos) if msrc else None
         text = ""
@@ -526,10 +600,20 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, filena
     return OpaqueGuard("too many except clauses"), True
 
 
+def _stmt_at(msrc: ModuleSource | None, code: types.CodeType, pos) -> object | None:
+    if msrc is None or pos[0] is None:
+        return None
+    scope = msrc.scope_for(code)
+    if scope is None:
+        return None
+    return msrc.statements(scope).lookup(pos)
+
+
 def handler_chain(ops, label_at, entry: EntryKey | None, msrc: ModuleSource | None,
-                  filename: str) -> tuple[Guard, ...]:
+                  code: types.CodeType) -> tuple[Guard, ...]:
     """The guards an exception meets from ``entry`` outwards, innermost first."""
     guards: list[Guard] = []
+    seen_with: dict[int, int] = {}
     for _ in range(256):
         if entry is None:
             break
@@ -537,7 +621,7 @@ def handler_chain(ops, label_at, entry: EntryKey | None, msrc: ModuleSource | No
         h = label_at[target]
         name = ops[h].instr.name
         if name == "PUSH_EXC_INFO":
-            guard, catches_all = _classify_handler(ops, label_at, h, depth, msrc, filename)
+            guard, catches_all = _classify_handler(ops, label_at, h, depth, msrc, code, seen_with)
             guards.append(guard)
             if catches_all:
                 break
@@ -575,7 +659,7 @@ def chain_for_code(code: types.CodeType, offset: int, msrc: ModuleSource | None)
         idx = n
     if idx is None or idx >= len(ops):
         return ()
-    return handler_chain(ops, label_at, ops[idx].entry, msrc, code.co_filename)
+    return handler_chain(ops, label_at, ops[idx].entry, msrc, code)
 
 
 # -- emission -------------------------------------------------------------------------
@@ -646,7 +730,7 @@ def rewrite(
         skip_reason, skip_effect = _plan_skip(run, role, ops, label_at)
         continue_reason = _plan_continue(run, runs, msrc)
         retry_reason = "a raise statement always raises" if role == "raise" else None
-        guards = handler_chain(ops, label_at, run.entry, msrc, code.co_filename)
+        guards = handler_chain(ops, label_at, run.entry, msrc, code)
         roles = []
         if role == "loop-header":
             roles.append("iterator")

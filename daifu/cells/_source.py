@@ -98,19 +98,42 @@ def has_loop(scope: ast.AST) -> bool:
 
 
 def _always_reraises(handler: ast.ExceptHandler) -> bool:
-    """Every normal path through the handler body ends in ``raise`` of the same
-    exception (a bare ``raise`` or ``raise <the as-name>``)."""
+    """Every path through the handler body ends in ``raise`` of the same
+    exception (a bare ``raise``, or ``raise <the as-name>`` never rebound), and
+    nothing before it raises something else or leaves the block."""
     body = handler.body
     if not body:
         return False
     last = body[-1]
     if not isinstance(last, ast.Raise) or last.cause is not None:
         return False
-    if last.exc is not None and not (
-        isinstance(last.exc, ast.Name) and handler.name and last.exc.id == handler.name
-    ):
-        return False
-    return not _leaves_block(body[:-1])
+    if last.exc is not None:
+        if not (isinstance(last.exc, ast.Name) and handler.name and last.exc.id == handler.name):
+            return False
+        if _rebinds(body[:-1], handler.name):
+            return False
+    return not _leaves_block(body[:-1]) and not _raises(body[:-1])
+
+
+def _scope_walk(stmts: list[ast.stmt]) -> Iterator[ast.AST]:
+    """All nodes of the statements, not descending into nested scopes."""
+    todo: list[ast.AST] = list(stmts)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _rebinds(stmts: list[ast.stmt], name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+               or isinstance(n, ast.ExceptHandler) and n.name == name
+               for n in _scope_walk(stmts))
+
+
+def _raises(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Raise) for n in _scope_walk(stmts))
 
 
 def _leaves_block(stmts: list[ast.stmt], in_loop: bool = False) -> bool:

@@ -44,7 +44,7 @@ from ._events import (
     RuleFailed,
     emit,
 )
-from ._guards import caught_by_callers, would_catch
+from ._guards import handled_above, would_catch
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReplacePatch
 from ._rules import RuleBook
 
@@ -96,7 +96,7 @@ class Engine:
         exits = list(stack[1:] if cell.stack_roles[:1] == ("iterator",) else stack)
         if would_catch(cell.guards, exc, frame, exits):
             return RAISE_CODE
-        if caught_by_callers(frame, exc, self.target_files):
+        if handled_above(frame, exc, self.target_files):
             return RAISE_CODE
         with self._lock:
             self._tls.busy = True

@@ -1,96 +1,300 @@
 """Would the program handle this exception itself?
 
 Semantics daifu keeps: an exception the program catches never reaches the
-engine.  The crashed frame's own handlers are known precisely (the rewrite
-recorded them as guards, and the barrier receives the live ``__exit__`` of
-every enclosing ``with``).  Callers are checked too when their code belongs
-to a vaccinated module or the main script (``target files``): an exception
-that ``main()``'s ``try/except`` will handle is not a crash.  Frames in other
-code are opaque and assumed not to catch.
+engine.  The decision is made when the exception reaches a crash barrier, so
+it is a prediction, made without running any user code:
+
+* the crashed frame's own handlers are known precisely: the rewrite recorded
+  them as guards, ``except`` clause types are looked up without invoking
+  properties or ``__getattr__``, and the barrier receives the live ``__exit__``
+  of every enclosing ``with`` -- known suppressors (``contextlib.suppress``,
+  ``pytest.raises``, ``@contextmanager`` generators that catch, ``ExitStack``)
+  are evaluated, and an ``__exit__`` that may return a true value counts as
+  catching;
+* callers are checked when their code belongs to a vaccinated module or the
+  main script (*target files*); their ``with`` blocks are classified from the
+  context expression;
+* where the frame was entered from C (a builtin such as ``getattr`` or
+  ``list``, a type call, a protocol slot), C code might catch: if a vaccinated
+  caller is reachable through target-file frames only, the decision is left to
+  its barrier (the exception reaches it only if nothing caught it); otherwise
+  daifu takes it here, its last chance.
+
+Anything daifu cannot classify counts as catching inside the frame (so it
+never takes an exception the program may handle) and as not catching in
+callers outside the target files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dis
+import inspect
 import types
 from functools import lru_cache
 from typing import Any
 
-from ..cells._cell import Cell, CodeInfo, ExceptGuard, FinallyGuard, Guard, OpaqueGuard, WithGuard
-from ..cells._cell import cells_of
+from ..cells._cell import (
+    Cell,
+    CodeInfo,
+    ExceptGuard,
+    FinallyGuard,
+    Guard,
+    OpaqueGuard,
+    Ref,
+    WithGuard,
+    cells_of,
+)
 from ..cells._dispatch import backend
 from ..cells._source import source_for_file
 
-
-def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.FrameType,
-                exits: list[Any] | None) -> bool:
-    """Evaluate the guards innermost-first; ``exits`` are the live ``__exit__``
-    callables of the enclosing ``with`` statements (None when unknown)."""
-    exit_iter = iter(exits or ())
-    namespace: dict[str, Any] | None = None
-    for guard in guards:
-        if isinstance(guard, ExceptGuard):
-            for clause in guard.clauses:
-                if clause.bare or clause.test is None:
-                    matched = True
-                else:
-                    if namespace is None:
-                        namespace = dict(frame.f_locals)
-                    try:
-                        types_ = eval(clause.test, frame.f_globals, namespace)
-                        matched = isinstance(exc, types_)
-                    except Exception:
-                        matched = True  # the real handler will meet the same problem
-                if matched:
-                    if clause.reraises:
-                        break  # handled, then re-raised: it escapes all the same
-                    return True
-        elif isinstance(guard, WithGuard):
-            exit_fn = next(exit_iter, None)
-            if exit_fn is not None and suppresses(getattr(exit_fn, "__self__", None), exc):
-                return True
-        elif isinstance(guard, FinallyGuard):
-            if guard.swallows:
-                return True
-        elif isinstance(guard, OpaqueGuard):
-            return True
-    return False
+_UNKNOWN = object()
+_CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200
 
 
-def suppresses(cm: Any, exc: BaseException) -> bool:
-    """Known context managers that swallow exceptions."""
-    if cm is None:
-        return False
+# -- reading expressions without side effects ----------------------------------------
+
+
+class _Namespace:
+    """Lazy access to a frame's variables (``f_locals`` is only built if needed)."""
+
+    def __init__(self, frame: types.FrameType):
+        self.frame = frame
+        self._locals: dict[str, Any] | None = None
+
+    def lookup(self, name: str, scope: str) -> Any:
+        frame = self.frame
+        if scope in ("fast", "deref", "name"):
+            if self._locals is None:
+                self._locals = frame.f_locals
+            if name in self._locals:
+                return self._locals[name]
+            if scope != "name":
+                return _UNKNOWN
+        if name in frame.f_globals:
+            return frame.f_globals[name]
+        builtins = frame.f_builtins
+        return builtins.get(name, _UNKNOWN) if isinstance(builtins, dict) else _UNKNOWN
+
+
+def eval_ref(ref: Ref, ns: _Namespace) -> Any:
+    """Value of a ``Ref`` or ``_UNKNOWN``; never runs user code."""
+    if ref.is_const:
+        return ref.const
+    if ref.items is not None:
+        values = tuple(eval_ref(item, ns) for item in ref.items)
+        return _UNKNOWN if any(v is _UNKNOWN for v in values) else values
+    value = ns.lookup(ref.name, ref.scope)
+    for attr in ref.attrs:
+        if value is _UNKNOWN:
+            return _UNKNOWN
+        try:
+            value = inspect.getattr_static(value, attr)
+        except AttributeError:
+            return _UNKNOWN
+        if isinstance(value, (property, staticmethod, classmethod, types.MemberDescriptorType,
+                              types.GetSetDescriptorType)):
+            return _UNKNOWN
+    return value
+
+
+def _is_exception_spec(value: Any) -> bool:
+    if isinstance(value, type):
+        return issubclass(value, BaseException)
+    return isinstance(value, tuple) and all(_is_exception_spec(v) for v in value)
+
+
+# -- context managers -----------------------------------------------------------------
+
+
+def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
+    """Would ``cm.__exit__`` swallow ``exc``?  True, False, or None (maybe)."""
+    if cm is None or depth > 4:
+        return None
     try:
         if isinstance(cm, contextlib.suppress):
             return isinstance(exc, cm._exceptions)
+        if isinstance(cm, contextlib._GeneratorContextManager):
+            gen = cm.gen
+            frame = getattr(gen, "gi_frame", None)
+            if frame is None:
+                return False
+            return would_catch(guards_at(frame.f_code, frame.f_lasti), exc, frame, None)
+        if isinstance(cm, (contextlib.ExitStack, contextlib.AsyncExitStack)):
+            verdicts = [_callback_suppresses(cb, exc, depth) for _, cb in cm._exit_callbacks]
+            if any(v is True for v in verdicts):
+                return True
+            return None if any(v is None for v in verdicts) else False
         cls = type(cm)
         mod, name = cls.__module__, cls.__name__
         if mod.startswith("_pytest") and name in ("RaisesContext", "RaisesExc", "RaisesGroup"):
             expected = getattr(cm, "expected_exception", None) or getattr(
                 cm, "expected_exceptions", None)
-            return expected is None or isinstance(exc, expected)
+            return True if expected is None else isinstance(exc, expected)
         if mod == "unittest.case" and name == "_AssertRaisesContext":
             return isinstance(exc, cm.expected)
+        exit_fn = inspect.getattr_static(cls, "__exit__", None)
+        return _exit_may_suppress(exit_fn)
     except Exception:
+        return None
+
+
+def _callback_suppresses(cb: Any, exc: BaseException, depth: int) -> bool | None:
+    owner = getattr(cb, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        return suppresses(owner, exc, depth + 1)
+    if getattr(cb, "__name__", "") == "_exit_wrapper":  # ExitStack.callback(): returns None
         return False
-    return False
+    return _exit_may_suppress(cb)
 
 
-def caught_by_callers(frame: types.FrameType, exc: BaseException, targets: set[str]) -> bool:
-    """Does a handler in a caller frame that belongs to a target file catch it?"""
-    f = frame.f_back
-    hops = 0
-    while f is not None and hops < 256:
-        hops += 1
-        code = f.f_code
-        if code.co_filename in targets:
-            guards = guards_at(code, f.f_lasti)
-            if guards and would_catch(guards, exc, f, None):
+def _exit_may_suppress(exit_fn: Any) -> bool | None:
+    """None if a Python ``__exit__`` can return something true; False if it
+    only returns None/False or is implemented in C (assumed not to suppress)."""
+    if isinstance(exit_fn, (staticmethod, classmethod)):
+        exit_fn = exit_fn.__func__
+    code = getattr(exit_fn, "__code__", None)
+    if code is None:
+        return False
+    return None if _returns_truthy(code) else False
+
+
+@lru_cache(maxsize=512)
+def _returns_truthy(code: types.CodeType) -> bool:
+    previous = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "RETURN_VALUE":
+            if previous is None or previous.opname != "LOAD_CONST" or previous.argval:
                 return True
-        f = f.f_back
+        if ins.opname not in ("CACHE", "EXTENDED_ARG"):
+            previous = ins
     return False
+
+
+def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bool | None:
+    """Classify a caller's ``with`` from its context expression."""
+    if guard.context is None:
+        return None
+    value = eval_ref(guard.context, ns)
+    if value is _UNKNOWN:
+        return None
+    if not guard.called:  # `with cm:` -- the context manager object itself
+        return suppresses(value, exc)
+    if value is contextlib.suppress:
+        args = tuple(eval_ref(a, ns) for a in guard.args)
+        if not guard.args or any(a is _UNKNOWN for a in args):
+            return None
+        return isinstance(exc, args) if all(_is_exception_spec(a) for a in args) else None
+    if isinstance(value, type):
+        if issubclass(value, (contextlib.ExitStack, contextlib.AsyncExitStack)):
+            return None  # its callbacks are not known until it runs
+        return _exit_may_suppress(inspect.getattr_static(value, "__exit__", None))
+    wrapped = getattr(value, "__wrapped__", None)
+    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & 0x20:
+        # @contextmanager factory: may swallow only if the generator catches
+        return None if _has_except_handler(wrapped.__code__) else False
+    return False  # a factory function or builtin (open, ...): assumed not to suppress
+
+
+@lru_cache(maxsize=512)
+def _has_except_handler(code: types.CodeType) -> bool:
+    """Any ``except`` clause (typed or bare) in the code?"""
+    instrs = list(dis.get_instructions(code))
+    for ins, nxt in zip(instrs, instrs[1:]):
+        if ins.opname in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
+            return True
+        if ins.opname == "PUSH_EXC_INFO" and nxt.opname == "POP_TOP":
+            return True
+    return False
+
+
+# -- the decision ---------------------------------------------------------------------
+
+
+def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.FrameType,
+                exits: list[Any] | None) -> bool | None:
+    """Evaluate the guards innermost-first.  ``exits`` are the live ``__exit__``
+    callables of the enclosing ``with`` statements (None in callers' frames).
+    True: the frame catches it; False: it escapes; None: cannot tell."""
+    exit_iter = iter(exits) if exits is not None else None
+    ns = _Namespace(frame)
+    uncertain = False
+    for guard in guards:
+        if isinstance(guard, ExceptGuard):
+            for clause in guard.clauses:
+                if clause.bare or clause.test is None:
+                    matched: bool | None = True
+                else:
+                    spec = eval_ref(clause.test, ns)
+                    matched = isinstance(exc, spec) if _is_exception_spec(spec) else True
+                if matched:
+                    if clause.reraises:
+                        break  # handled, then re-raised: it escapes all the same
+                    return True
+        elif isinstance(guard, WithGuard):
+            if exit_iter is not None:
+                exit_fn = next(exit_iter, None)
+                verdict = suppresses(getattr(exit_fn, "__self__", None), exc)
+            else:
+                verdict = _context_verdict(guard, exc, ns)
+            if verdict:
+                return True
+            if verdict is None:
+                if exits is not None:
+                    return True  # in the crashed frame: never take what may be handled
+                uncertain = True
+        elif isinstance(guard, FinallyGuard):
+            if guard.swallows:
+                return True
+        elif isinstance(guard, OpaqueGuard):
+            return True
+    return None if uncertain else False
+
+
+def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str]) -> bool:
+    """True if a caller would catch the exception -- or might, and a vaccinated
+    caller reachable through target-file frames only will see it if nothing
+    does (its barrier then decides with full knowledge)."""
+    back, _ = backend()
+    f = frame
+    c_boundary = False
+    transparent = True  # every frame so far belongs to a target file
+    for _ in range(512):
+        caller = f.f_back
+        if caller is None:
+            return False
+        if back is not None and _entered_from_c(f, caller, back):
+            c_boundary = True
+        vaccinated = cells_of(caller.f_code) is not None
+        if caller.f_code.co_filename not in targets:
+            transparent = False
+        elif c_boundary and vaccinated and transparent:
+            return True  # C code in between may catch; if not, that barrier decides
+        else:
+            guards = guards_at(caller.f_code, caller.f_lasti)
+            if guards:
+                verdict = would_catch(guards, exc, caller, None)
+                if verdict or (verdict is None and vaccinated and transparent):
+                    return True
+        f = caller
+    return False
+
+
+def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bool:
+    if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
+        return False  # resumed by next(): no C code that catches (but StopIteration)
+    if not back.called_from_c(frame):
+        return False
+    op = _opname_at(caller.f_code, caller.f_lasti)
+    return op != "CALL_FUNCTION_EX"  # f(*args, **kw) goes through C but catches nothing
+
+
+@lru_cache(maxsize=4096)
+def _opname_at(code: types.CodeType, offset: int) -> str:
+    for ins in dis.get_instructions(code):
+        if ins.offset == offset:
+            return ins.opname
+    return ""
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
@@ -127,7 +331,7 @@ def _ranges(code: types.CodeType) -> list[tuple[int, int, Cell]]:
     instrs = list(dis.get_instructions(code))
     by_offset = {ins.offset: n for n, ins in enumerate(instrs)}
     out = []
-    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable since 3.11
+    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable in 3.11
         n = by_offset.get(entry.target)
         if n is None:
             continue
