@@ -1,0 +1,51 @@
+"""Soak: someone else's test suite passes with that library vaccinated.
+
+``toolz`` (every function, ``DAIFU_ENTRY='**'``, and the default ``'*'``) and
+``networkx`` (``'*'``: every function with a loop, ~1000 functions, ~5800
+tests) run under ``python -m daifu -m pytest --pyargs``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def soak(tmp_path, package, entry, timeout):
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "daifu", "--modules", package, "--entry", entry, "--log", str(log),
+         "--log-level", "debug", "-m", "pytest", "--pyargs", package, "-q", "-p",
+         "no:cacheprovider", "-x"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    )
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    functions = sum(len(e["functions"]) for e in events if e["event"] == "module.vaccinated")
+    skipped = [s for e in events if e["event"] == "module.vaccinated" for s in e["skipped"]]
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    return proc, int(passed.group(1)) if passed else 0, functions, skipped, events
+
+
+@pytest.mark.parametrize("entry,min_functions", [("**", 150), ("*", 25)])
+def test_toolz_suite_passes_vaccinated(tmp_path, entry, min_functions):
+    proc, passed, functions, skipped, events = soak(tmp_path, "toolz", entry, 600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert passed >= 190
+    assert functions >= min_functions
+    assert skipped == []
+    assert not [e for e in events if e["event"] == "daifu.internal_error"]
+
+
+def test_networkx_suite_passes_vaccinated(tmp_path):
+    proc, passed, functions, skipped, events = soak(tmp_path, "networkx", "*", 1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert passed >= 5000
+    assert functions >= 900
+    assert skipped == []
+    assert not [e for e in events if e["event"] == "daifu.internal_error"]
