@@ -220,7 +220,8 @@ def test_shape_error_in_test_fixed_by_exec_patch(tmp_path):
     buggy = tmp_path / "shape.py"
     buggy.write_text(SHAPE_BUG)
     fixed = tmp_path / "shape_fixed.py"
-    fixed.write_text(SHAPE_BUG.replace("(model(x).argmax(-1)", "(model(x.reshape(len(x), -1)).argmax(-1)"))
+    fixed.write_text(SHAPE_BUG.replace("(model(x).argmax(-1)",
+                                       "(model(x.reshape(len(x), -1)).argmax(-1)"))
     fixes = tmp_path / "fixes.py"
     fixes.write_text(textwrap.dedent('''
         import daifu

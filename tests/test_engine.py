@@ -425,4 +425,4 @@ def outer(batches):
 
 def test_contextlib_suppress_outside_daifu_unchanged():
     with contextlib.suppress(ZeroDivisionError):
-        1 // 0
+        1 // 0  # noqa: B018

@@ -228,7 +228,8 @@ def test_nested_three_deep_outer_iterators_intact(m):
 
     seen = m["three_deep"]([1, 2], [1, 2], [1, 2])
     # every combination visited exactly once, in order
-    assert [(i, j) for i, j, _, _ in seen] == [(i, j) for i in (1, 2) for j in (1, 2) for _ in (1, 2)]
+    expected = [(i, j) for i in (1, 2) for j in (1, 2) for _ in (1, 2)]
+    assert [(i, j) for i, j, _, _ in seen] == expected
     assert len(seen) == 8
     assert fixes == [{"i": 1, "j": 1, "k": 2}, {"i": 1, "j": 2, "k": 1}, {"i": 2, "j": 1, "k": 1}]
 

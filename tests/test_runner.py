@@ -93,7 +93,8 @@ def test_uncaught_exception_traceback_hides_daifu_frames(tmp_path):
 
 
 def test_missing_script_and_missing_module(tmp_path):
-    assert daifu(["nope.py"], cwd=tmp_path).returncode == python(["nope.py"], cwd=tmp_path).returncode
+    expected = python(["nope.py"], cwd=tmp_path).returncode
+    assert daifu(["nope.py"], cwd=tmp_path).returncode == expected
     proc = daifu(["-m", "no_such_module_xyz"], cwd=tmp_path)
     assert proc.returncode == 1 and "No module named no_such_module_xyz" in proc.stderr
 
@@ -122,7 +123,8 @@ def test_broken_fixes_file_stops_before_running(tmp_path):
 
 def test_options_come_from_environment(tmp_path):
     (tmp_path / "lib_mod.py").write_text(
-        "def work(xs):\n    out = []\n    for x in xs:\n        out.append(6 // x)\n    return out\n")
+        "def work(xs):\n    out = []\n    for x in xs:\n        out.append(6 // x)\n"
+        "    return out\n")
     (tmp_path / "s.py").write_text("import lib_mod\nprint(lib_mod.work([1, 0]))\n")
     (tmp_path / "fixes.py").write_text(
         "import daifu\n@daifu.on(ZeroDivisionError)\ndef f(c):\n    c.vars['x'] = 2\n"

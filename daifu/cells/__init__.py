@@ -3,7 +3,14 @@
 from ._cell import Cell, CodeInfo, cells_of, is_vaccinated
 from ._context import FrameContext
 from ._dispatch import backend
-from ._transform import Report, Selection, options, vaccinate_function, vaccinate_module, vaccinate_source
+from ._transform import (
+    Report,
+    Selection,
+    options,
+    vaccinate_function,
+    vaccinate_module,
+    vaccinate_source,
+)
 
 __all__ = [
     "Cell",

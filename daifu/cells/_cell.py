@@ -43,9 +43,10 @@ class Clause:
     ``test`` is the clause's type expression as a side-effect-free recipe
     (``Ref`` lookups: names, attribute chains, tuples) evaluated in the frame's
     namespace without running user code; ``None`` means daifu could not (a call
-    in the expression, say) and must assume the clause matches.  ``reraises`` is true when every path through
-    the clause body ends in a bare ``raise`` (log-and-re-raise handlers), so the
-    exception escapes anyway and daifu may intercept it first.
+    in the expression, say) and must assume the clause matches.  ``reraises``
+    is true when every path through the clause body ends in a bare ``raise``
+    (log-and-re-raise handlers), so the exception escapes anyway and daifu may
+    intercept it first.
     """
 
     test: Ref | None
@@ -114,7 +115,8 @@ class CodeInfo:
     original: types.CodeType | None = None
 
     def __repr__(self) -> str:
-        return f"<CodeInfo {self.qualname} {self.filename}:{self.firstlineno} cells={len(self.cells)}>"
+        where = f"{self.filename}:{self.firstlineno}"
+        return f"<CodeInfo {self.qualname} {where} cells={len(self.cells)}>"
 
 
 @dataclass(eq=False)

@@ -321,18 +321,13 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
     while True:
         runs: list[_Run] = []
         run: _Run | None = None
-
-        def close() -> None:
-            nonlocal run
-            if run is not None:
-                runs.append(run)
-                run = None
-
         for i, op in enumerate(ops):
             depth = op.depth
             stmt = stmts[i]
             if depth is None or stmt is None or op.instr.name in _MACHINERY:
-                close()
+                if run is not None:
+                    runs.append(run)
+                    run = None
                 continue
             touch = _touch(op.instr, depth)
             if (
@@ -344,10 +339,13 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
             ):
                 run.stop = i + 1
                 continue
-            close()
+            if run is not None:
+                runs.append(run)
+                run = None
             if touch >= depth and (op.entry is None or op.entry[2] <= depth):
                 run = _Run(start=i, base=depth, stmt=stmt, entry=op.entry, stop=i + 1)
-        close()
+        if run is not None:
+            runs.append(run)
 
         # A cell must be entered only at its start: split where a jump from
         # outside the cell lands inside it.
@@ -762,7 +760,7 @@ def rewrite(
             label_for(run.skip_target)
         if run.continue_target is not None:
             label_for(run.continue_target)
-        for i, t, _ in _exits(run, ops, label_at):
+        for _, t, _ in _exits(run, ops, label_at):
             label_for(t)
 
     owner: dict[int, _Run] = {}

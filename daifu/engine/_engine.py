@@ -205,7 +205,8 @@ class Engine:
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
             return SKIP_CODE if decision is SKIP else CONTINUE_CODE
-        if decision is None and not final and (self.rules or self.waiters) and _vaccinated_caller(crash.frame):
+        passable = decision is None and not final and (self.rules or self.waiters)
+        if passable and _vaccinated_caller(crash.frame):
             # nobody fixed it here: a vaccinated caller gets its turn (a rule may
             # target it); an explicit ABORT, by contrast, is final
             self.stats["passed"] += 1

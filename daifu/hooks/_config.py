@@ -60,7 +60,8 @@ class Config:
             try:
                 cfg.max_attempts = int(attempts)
             except ValueError:
-                raise ConfigError(f"DAIFU_MAX_ATTEMPTS must be an integer, got {attempts!r}") from None
+                raise ConfigError(
+                    f"DAIFU_MAX_ATTEMPTS must be an integer, got {attempts!r}") from None
         cfg.validate()
         return cfg
 
@@ -69,7 +70,8 @@ class Config:
         if self.max_attempts < 1:
             raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
         if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ConfigError(f"log level must be debug, info, warning or error, not {self.log_level!r}")
+            raise ConfigError(
+                f"log level must be debug, info, warning or error, not {self.log_level!r}")
         for pattern in self.entry:
             if not pattern or any(ch.isspace() for ch in pattern):
                 raise ConfigError(f"bad DAIFU_ENTRY pattern {pattern!r}")

@@ -73,7 +73,6 @@ import itertools
 import operator
 from collections import OrderedDict, defaultdict, deque, namedtuple
 
-
 # ---------------------------------------------------------------------------
 # helpers: exceptions, context managers, iterators, small classes
 # ---------------------------------------------------------------------------
