@@ -28,7 +28,7 @@ from ._errors import (
     TransformError,
     UnsupportedPythonWarning,
 )
-from .engine import ABORT, CONTINUE, ENGINE, RETRY, SKIP, Crash, Decision, replace
+from .engine import ABORT, CONTINUE, ENGINE, RELOAD, RETRY, SKIP, Crash, Decision, replace
 from .engine._rules import Rule, Where
 
 __version__ = "0.1.0"
@@ -93,6 +93,7 @@ def uninstall() -> None:
 __all__ = [
     "ABORT",
     "CONTINUE",
+    "RELOAD",
     "RETRY",
     "SKIP",
     "ConfigError",

@@ -144,9 +144,12 @@ class Cell:
     #: why ``CONTINUE`` (go on with the innermost loop's next item) is not
     #: possible here, or None when it is
     continue_reason: str | None = "not inside a for loop"
-    #: names of the values the barrier receives from the value stack, in order
-    #: (``iterator`` for a loop header, ``with_exit`` per enclosing ``with``).
-    stack_roles: tuple[str, ...] = ()
+    #: the barrier receives every value-stack item below the cell's base depth
+    #: (slot 0 first); ``with_slots`` are the slots holding the ``__exit__`` of
+    #: each enclosing ``with`` (innermost first), ``iterator_slot`` the loop
+    #: iterator of a loop-header cell
+    with_slots: tuple[int, ...] = ()
+    iterator_slot: int | None = None
     #: base value-stack depth of the run (diagnostics).
     depth: int = 0
     #: for a ``match`` run: ((pattern/guard spans), "case ...:", line) per case,

@@ -49,7 +49,7 @@ assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 
 PYTHON = (3, 11)
 
 #: stub answers (the barrier returns one of these; anything else re-raises)
-RETRY, SKIP, RAISE, CONTINUE = 0, 1, 2, 3
+RETRY, SKIP, RAISE, CONTINUE, NEW_CODE = 0, 1, 2, 3, 4
 
 
 class Unsupported(Exception):
@@ -681,16 +681,40 @@ def _call(args_count: int, loc) -> list[Instr]:
     return [_instr("PRECALL", args_count, loc), _instr("CALL", args_count, loc)]
 
 
+@dataclass
+class Continuation:
+    """Asks ``rewrite`` for a *continuation* of new code: a variant entered at
+    ``stmt`` (the statement corresponding to the one that failed in the old
+    code) with ``nstack`` values pushed back onto the value stack.
+
+    Every local variable becomes a positional parameter (``params``, filled by
+    ``rewrite``), followed by hidden parameters for closure cells and for the
+    stack values; ``unbound`` passed for a variable leaves it unbound.
+    """
+
+    stmt: object
+    role: str
+    nstack: int
+    unbound: object
+    target: object = None
+    params: list[str] = field(default_factory=list)
+    cell_params: dict[str, str] = field(default_factory=dict)  # hidden name -> cell var
+    stack_params: list[str] = field(default_factory=list)
+
+
 def rewrite(
     code: types.CodeType,
     info: CodeInfo,
     msrc: ModuleSource,
     scope,
-    barrier: Callable,
-    resumed: Callable,
+    hooks,
     replace_consts: dict | None = None,
+    continuation: Continuation | None = None,
 ) -> types.CodeType:
-    """Rewrite one code object; raise ``Unsupported`` if it cannot be done."""
+    """Rewrite one code object; raise ``Unsupported`` if it cannot be done.
+
+    ``hooks`` provides ``barrier``, ``resumed`` and ``take_continuation`` (the
+    engine functions the stubs call)."""
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
         raise Unsupported("async functions and async generators are not vaccinated yet")
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
@@ -722,6 +746,14 @@ def rewrite(
 
     for run in runs:
         run.role = _role(run, ops)
+    if continuation is not None:
+        target = next((r for r in runs if r.stmt is continuation.stmt
+                       and r.role == continuation.role and r.base == continuation.nstack), None)
+        if target is None:
+            raise Unsupported(
+                "the new code has no place to continue at: the failing statement's loops, "
+                "with and try blocks must keep their structure")
+        continuation.target = label_for(target.start)
     # cells
     for n, run in enumerate(runs):
         role = run.role
@@ -729,10 +761,7 @@ def rewrite(
         continue_reason = _plan_continue(run, runs, msrc)
         retry_reason = "a raise statement always raises" if role == "raise" else None
         guards = handler_chain(ops, label_at, run.entry, msrc, code)
-        roles = []
-        if role == "loop-header":
-            roles.append("iterator")
-        roles += ["with_exit"] * sum(isinstance(g, WithGuard) for g in guards)
+        with_slots = tuple(g.slot for g in guards if isinstance(g, WithGuard))
         first = ops[run.start].instr
         line, end_line, col, end_col = _location(first)
         stmt = run.stmt
@@ -751,7 +780,8 @@ def rewrite(
             skip_effect=skip_effect,
             guards=guards,
             continue_reason=continue_reason,
-            stack_roles=tuple(roles),
+            with_slots=with_slots,
+            iterator_slot=run.base - 1 if role == "loop-header" else None,
             depth=run.base,
             cases=msrc.cases(stmt) if role == "match" else (),
         )
@@ -784,10 +814,13 @@ def rewrite(
         items.append(_Item(label=lb))
 
     # 2. retry copies with "resumed" trampolines, 3. stubs
+    generator = bool(code.co_flags & 0x20)
     for run in runs:
-        _emit_copy(items, run, ops, label_at, label_for, resumed)
+        _emit_copy(items, run, ops, label_at, label_for, hooks.resumed)
     for run in runs:
-        _emit_stub(items, run, ops, label_for, barrier)
+        _emit_stub(items, run, ops, label_for, hooks, generator)
+    if continuation is not None:
+        _emit_continuation_prologue(items, bc, code, runs, continuation, label_for)
 
     final_ops, final_labels = _as_ops(items)
     stacksize = _analyse_depths(final_ops, final_labels)
@@ -844,15 +877,14 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
             items.append(_Item(ins, tkey))
 
 
-def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
+def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:
+    barrier = hooks.barrier
     loc = ops[run.start].instr.location
     b = run.base
     fallback, on_retry, on_skip, on_continue = Label(), Label(), Label(), Label()
+    on_new_code = Label()
     guard_key = (fallback, False, b + 2)
-    slots = []
-    if run.cell.role == "loop-header":
-        slots.append(b - 1)
-    slots += [g.slot for g in run.cell.guards if isinstance(g, WithGuard)]
+    slots = range(b)  # the whole stack below the cell: iterators, with exits, ...
     body = [
         _instr("COPY", 1, loc),
         _instr("PUSH_NULL", loc=loc),
@@ -888,6 +920,13 @@ def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
             _instr("COMPARE_OP", Compare.EQ, loc),
             _instr("POP_JUMP_FORWARD_IF_TRUE", on_continue, loc),
         ]
+    if not generator:
+        body += [
+            _instr("COPY", 1, loc),
+            _instr("LOAD_CONST", NEW_CODE, loc),
+            _instr("COMPARE_OP", Compare.EQ, loc),
+            _instr("POP_JUMP_FORWARD_IF_TRUE", on_new_code, loc),
+        ]
     body.append(_instr("POP_TOP", loc=loc))
     items.append(_Item(label=run.stub))
     for ins in body:
@@ -916,6 +955,70 @@ def _emit_stub(items, run: _Run, ops, label_for, barrier) -> None:
             items.append(_Item(_instr("POP_TOP", loc=loc), None))
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.continue_target), loc),
                            run.entry))
+    if not generator:
+        # continue in new code (a reload changed this very function): call the
+        # continuation and return what it returns.  Not covered by any handler:
+        # the continuation runs the user's with/finally exits itself, and its
+        # exception must leave this frame untouched.
+        items.append(_Item(label=on_new_code))
+        for ins in [
+            _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("PUSH_NULL", loc=loc),
+            _instr("LOAD_CONST", hooks.take_continuation, loc),
+            _instr("PRECALL", 0, loc), _instr("CALL", 0, loc),
+            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
+            _instr("PUSH_NULL", loc=loc),
+            _instr("SWAP", 3, loc),  # NULL, fn, args
+            _instr("CALL_FUNCTION_EX", 0, loc),
+            _instr("RETURN_VALUE", loc=loc),
+        ]:
+            items.append(_Item(ins, None))
+
+
+def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label_for) -> None:
+    """Turn the rewritten code into a continuation (see ``Continuation``)."""
+    from bytecode import CompilerFlags
+
+    module = not code.co_flags & 0x1  # not CO_OPTIMIZED: module-level code
+    prologue: list[Instr] = []
+    stack_names = [f".daifu_stack{i}" for i in range(spec.nstack)]
+    spec.stack_params = stack_names
+    if module:
+        for name in stack_names:  # the engine puts them in the globals first
+            prologue += [Instr("LOAD_NAME", name), ]
+        for name in stack_names:
+            prologue += [Instr("DELETE_NAME", name)]
+    else:
+        varnames = list(code.co_varnames)
+        cell_only = [c for c in code.co_cellvars if c not in varnames]
+        spec.cell_params = {f".daifu_cell_{c}": c for c in cell_only}
+        spec.params = varnames + list(spec.cell_params) + stack_names
+        cellvars = set(code.co_cellvars)
+        for name in varnames:
+            skip = Label()
+            if name in cellvars:  # a cell argument: its slot holds the cell now
+                load, delete = Instr("LOAD_DEREF", CellVar(name)), Instr("DELETE_DEREF",
+                                                                        CellVar(name))
+            else:
+                load, delete = Instr("LOAD_FAST", name), Instr("DELETE_FAST", name)
+            prologue += [load, Instr("LOAD_CONST", spec.unbound), Instr("IS_OP", 0),
+                         Instr("POP_JUMP_FORWARD_IF_FALSE", skip), delete, skip]
+        for hidden, cell in spec.cell_params.items():
+            skip = Label()
+            prologue += [Instr("LOAD_FAST", hidden), Instr("LOAD_CONST", spec.unbound),
+                         Instr("IS_OP", 0), Instr("POP_JUMP_FORWARD_IF_TRUE", skip),
+                         Instr("LOAD_FAST", hidden), Instr("STORE_DEREF", CellVar(cell)), skip]
+        prologue += [Instr("LOAD_FAST", name) for name in stack_names]
+        bc.argnames = spec.params
+        bc.argcount = len(spec.params)
+        bc.posonlyargcount = 0
+        bc.kwonlyargcount = 0
+        bc.flags = CompilerFlags(int(bc.flags) & ~(0x4 | 0x8))  # no *args / **kwargs
+    prologue.append(Instr("JUMP_FORWARD", spec.target))
+    # insert right after the first RESUME (cells and free variables are set up)
+    at = next(n for n, it in enumerate(items) if it.instr is not None and it.instr.name == "RESUME")
+    items[at + 1 : at + 1] = [_Item(label=ins) if isinstance(ins, Label) else _Item(ins, None)
+                              for ins in prologue]
 
 
 def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:

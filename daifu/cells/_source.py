@@ -295,3 +295,82 @@ def source_for_file(filename: str) -> ModuleSource | None:
     if not lines:
         return None
     return _cached(filename, "".join(lines))
+
+
+# -- mapping a statement into edited source ------------------------------------------
+
+
+def _blocks(node: ast.AST) -> list[tuple[str, int, list[ast.stmt]]]:
+    out = []
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(node, name, None)
+        if isinstance(block, list) and block:
+            out.append((name, 0, block))
+    for n, handler in enumerate(getattr(node, "handlers", ()) or ()):
+        out.append(("handlers", n, handler.body))
+    for n, case in enumerate(getattr(node, "cases", ()) or ()):
+        out.append(("cases", n, case.body))
+    return out
+
+
+def _path_to(scope: ast.AST, target: ast.stmt) -> list[tuple[str, int, int]] | None:
+    """(block name, block index, statement index) steps from ``scope`` to ``target``."""
+    for name, bidx, block in _blocks(scope):
+        for i, stmt in enumerate(block):
+            if stmt is target:
+                return [(name, bidx, i)]
+            if isinstance(stmt, _SCOPES):
+                continue
+            sub = _path_to(stmt, target)
+            if sub is not None:
+                return [(name, bidx, i), *sub]
+    return None
+
+
+def _block(node: ast.AST, name: str, bidx: int) -> list[ast.stmt] | None:
+    for n, b, block in _blocks(node):
+        if n == name and b == bidx:
+            return block
+    return None
+
+
+def _key(msrc: ModuleSource, stmt: ast.stmt) -> str:
+    if getattr(stmt, "body", None) and not isinstance(stmt, _SCOPES):
+        return type(stmt).__name__ + ":" + msrc.text(stmt)
+    return ast.dump(stmt)
+
+
+def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
+                  new: ModuleSource, new_scope: ast.AST) -> ast.stmt | str:
+    """The statement of the edited scope that corresponds to ``stmt``, or a
+    reason why there is none.  Enclosing statements must keep their kind
+    (their stack state is carried over); inside a block, statements are aligned
+    by content, and an edited statement maps to the start of its replacement."""
+    import difflib
+
+    path = _path_to(old_scope, stmt)
+    if path is None:
+        return "the failing statement was not found in the old source"
+    node_old, node_new = old_scope, new_scope
+    for name, bidx, i in path:
+        block_old, block_new = _block(node_old, name, bidx), _block(node_new, name, bidx)
+        if block_new is None:
+            return f"line {node_new.lineno}: the block holding the failing statement is gone"
+        keys_old = [_key(old, s) for s in block_old]
+        keys_new = [_key(new, s) for s in block_new]
+        j = None
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, keys_old, keys_new,
+                                                           autojunk=False).get_opcodes():
+            if i1 <= i < i2 or (i1 == i2 == i):
+                if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+                    j = j1 + (i - i1)
+                elif tag in ("replace", "delete") and j1 < len(block_new):
+                    j = j1
+                break
+        if j is None or j >= len(block_new):
+            return "the failing statement has no counterpart in the new source"
+        node_old, node_new = block_old[i], block_new[j]
+        if node_old is not stmt and type(node_old) is not type(node_new):
+            return (f"line {node_new.lineno}: the statement enclosing the failing one changed "
+                    f"from {type(node_old).__name__} to {type(node_new).__name__}")
+    return node_new

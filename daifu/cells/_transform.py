@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
+from . import _registry
 from ._cell import CodeInfo, is_vaccinated
 from ._dispatch import backend
 from ._source import ModuleSource, has_loop, is_marked, source_for_file
@@ -80,10 +81,12 @@ options = _Options()
 _warned_version = False
 
 
-def _hooks() -> tuple[Callable, Callable]:
-    from ..engine._barrier import barrier, resumed
+def _hooks():
+    """The engine functions the rewritten code calls (imported lazily: the
+    cells package does not depend on the engine at import time)."""
+    from ..engine import _barrier
 
-    return barrier, resumed
+    return _barrier
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None) -> None:
@@ -133,7 +136,7 @@ def vaccinate_module(
     back = _check_version(report)
     if back is None:
         return code, report
-    barrier, resumed = _hooks()
+    hooks = _hooks()
 
     def walk(co: types.CodeType) -> types.CodeType:
         children: dict[int, types.CodeType] = {}
@@ -146,7 +149,7 @@ def vaccinate_module(
         if scope is not None and selection.wants(co, scope, module):
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
-                new = back.rewrite(co, info, msrc, scope, barrier, resumed, children)
+                new = back.rewrite(co, info, msrc, scope, hooks, children)
             except back.Unsupported as exc:
                 _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno)
             else:
@@ -160,6 +163,7 @@ def vaccinate_module(
 
     new_code = walk(code)
     _register(msrc.filename)
+    _registry.record(msrc.filename, module, msrc, selection)
     return new_code, report
 
 
@@ -201,11 +205,11 @@ def vaccinate_function(fn: Callable, *, quiet: bool = False) -> bool:
         _not_vaccinated(report, code.co_qualname, "its source code is not available",
                         code.co_firstlineno)
         return False
-    barrier, resumed = _hooks()
+    hooks = _hooks()
     info = CodeInfo(code.co_qualname, code.co_filename, code.co_firstlineno,
                     getattr(fn, "__module__", None), original=code)
     try:
-        new = back.rewrite(code, info, msrc, scope, barrier, resumed)
+        new = back.rewrite(code, info, msrc, scope, hooks)
     except back.Unsupported as exc:
         _not_vaccinated(report, code.co_qualname, str(exc), code.co_firstlineno)
         return False
@@ -213,6 +217,10 @@ def vaccinate_function(fn: Callable, *, quiet: bool = False) -> bool:
         _dump(report, new)
     fn.__code__ = new
     _register(report.filename)
+    known = _registry.get(code.co_filename)
+    entries = (known.selection.entries if known else ()) + (code.co_qualname,)
+    _registry.record(code.co_filename, getattr(fn, "__module__", None), msrc,
+                     Selection(entries=entries))
     return True
 
 

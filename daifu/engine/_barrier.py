@@ -23,6 +23,11 @@ def barrier(exc: BaseException, cell: Cell, lasti: int, stack: tuple) -> int:
         return RAISE_CODE
 
 
+def take_continuation() -> tuple:
+    """(function, args) to continue a reloaded running function in new code."""
+    return ENGINE.take_continuation()
+
+
 def resumed(cell: Cell) -> None:
     """A retried statement completed."""
     try:

@@ -45,8 +45,9 @@ class Crash:
         self.kind = cell.role
         self.vars = FrameContext(frame)
         self.globals: dict[str, Any] = frame.f_globals
-        roles = cell.stack_roles
-        self.iterator = stack[roles.index("iterator")] if "iterator" in roles else None
+        self.stack = stack
+        slot = cell.iterator_slot
+        self.iterator = stack[slot] if slot is not None and slot < len(stack) else None
         self.retry_reason = cell.retry_reason or _dead_iterator(self.iterator)
         self.skip_reason = cell.skip_reason
         self.continue_reason = cell.continue_reason

@@ -12,6 +12,7 @@ class Decision(enum.Enum):
     SKIP = "skip"  #: continue after the failing statement (or end a failing loop header)
     CONTINUE = "continue"  #: like a ``continue`` statement here: the loop's next item
     ABORT = "abort"  #: give up: the exception continues exactly as without daifu
+    RELOAD = "reload"  #: re-read changed source files, then resume in the new code
 
     def __repr__(self) -> str:
         return f"daifu.{self.name}"
@@ -21,3 +22,4 @@ RETRY = Decision.RETRY
 SKIP = Decision.SKIP
 CONTINUE = Decision.CONTINUE
 ABORT = Decision.ABORT
+RELOAD = Decision.RELOAD

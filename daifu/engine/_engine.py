@@ -32,7 +32,7 @@ from typing import Any
 from .._errors import PatchError
 from ..cells._cell import Cell, cells_of
 from ._crash import Crash
-from ._decision import ABORT, CONTINUE, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
     CrashGaveUp,
     CrashIntercepted,
@@ -45,11 +45,11 @@ from ._events import (
     emit,
 )
 from ._guards import handled_above, would_catch
-from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReplacePatch
+from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._rules import RuleBook
 
 #: what the stub understands (see ``daifu.cells._py311``)
-RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE = 0, 1, 2, 3
+RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE, NEW_CODE = 0, 1, 2, 3, 4
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
 
@@ -93,7 +93,7 @@ class Engine:
             return RAISE_CODE
         if not (cell.can_retry or cell.can_skip or cell.can_continue):
             return RAISE_CODE  # nothing to do here: let the next vaccinated caller try
-        exits = list(stack[1:] if cell.stack_roles[:1] == ("iterator",) else stack)
+        exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
         if would_catch(cell.guards, exc, frame, exits):
             return RAISE_CODE
         if handled_above(frame, exc, self.target_files):
@@ -194,6 +194,19 @@ class Engine:
 
     def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str,
                   final: bool = False) -> int:
+        if decision is RELOAD:
+            result = getattr(crash, "_reload", None)
+            if result is not None and result.continuation is not None:
+                self._pending.pop(key, None)
+                self._tls.continuation = result.continuation
+                self.stats["recovered"] += 1
+                emit(CrashResumed(where=crash.where, action="reload", attempt=crash.attempt,
+                                  latency_ms=_ms(crash.started)))
+                return NEW_CODE
+            if crash.can_retry:
+                decision = RETRY
+            else:
+                decision, reason = None, f"reloaded, but {crash.retry_reason}"
         if decision is RETRY:
             self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started)
             if len(self._pending) > 256:  # frames that never came back (bounded)
@@ -233,6 +246,8 @@ class Engine:
         is handled.  Raises ``PatchError`` if applying it fails."""
         if not patch.origin:
             patch.origin = getattr(self._tls, "origin", None) or "api"
+        if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
+            patch = ReloadPatch(origin=patch.origin)
         current = crash or getattr(self._tls, "crash", None)
         if current is None:
             # not inside a crash: apply directly (a replace in a fixes file, say)
@@ -271,7 +286,19 @@ class Engine:
 
     def _apply(self, patch: Patch, crash: Crash | None) -> Decision | None:
         where = crash.where if crash else ""
+        if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
+            patch = ReloadPatch(origin=patch.origin)
         try:
+            if isinstance(patch, ReloadPatch):
+                from ._reload import reload
+
+                if crash is None:
+                    raise PatchError("reload needs a crash to resume")
+                patch.result = reload(crash, patch.sources)
+                crash._reload = patch.result  # type: ignore[attr-defined]
+                emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
+                                  summary=patch.summary()))
+                return RELOAD
             if isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash)
                 emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
@@ -294,6 +321,13 @@ class Engine:
         emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                           summary=patch.summary()))
         return None
+
+    def take_continuation(self) -> tuple:
+        cont = getattr(self._tls, "continuation", None)
+        self._tls.continuation = None
+        if cont is None:  # cannot happen; fail loudly rather than silently
+            return _raise_missing, ()
+        return cont
 
     @staticmethod
     def _check_decision(decision: Decision, crash: Crash | None) -> Decision:
@@ -327,6 +361,10 @@ class Engine:
         self.waiters.clear()
         self.observers.clear()
         self.stats.clear()
+
+
+def _raise_missing():
+    raise RuntimeError("daifu: internal error: no continuation was prepared")
 
 
 def _vaccinated_caller(frame: types.FrameType) -> bool:

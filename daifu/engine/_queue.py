@@ -62,6 +62,22 @@ class ReplacePatch(Patch):
         return f"{name} <- {getattr(self.new, '__qualname__', repr(self.new))}"
 
 
+@dataclass
+class ReloadPatch(Patch):
+    """Re-read changed source files and swap the code of changed functions,
+    continuing the running function in its new code (the paper's *surgery*).
+    ``sources`` (filename -> text) replaces reading from disk (journal replay)."""
+
+    kind: ClassVar[str] = "reload"
+    sources: dict[str, str] | None = None
+    result: Any = None
+
+    def summary(self) -> str:
+        if self.result is None:
+            return "reload"
+        return self.result.summary()
+
+
 class PatchQueue:
     """A thread-safe FIFO of patches."""
 

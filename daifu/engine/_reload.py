@@ -1,0 +1,357 @@
+"""Live source reload (the paper's *surgery*, done the way people edit code).
+
+``reload()`` re-reads changed source files -- the vaccinated modules and the
+main script, plus any module whose file changed since the job started --
+compiles them all first (a syntax error changes nothing), then replaces the
+code of changed functions and methods in place: every function object whose
+code came from the file gets the new code, so module attributes, bound
+methods, instances and closures see it from their next call.
+
+If the *running* function -- the one whose statement crashed -- changed, its
+frame cannot change code; a **continuation** is built instead: the new code
+entered at the statement that corresponds to the failing one, with every
+variable, closure cell and value-stack item (loop iterators, ``with`` exits)
+carried over.  The crashed frame then returns whatever the continuation
+returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import difflib
+import gc
+import linecache
+import os
+import sys
+import time
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._errors import PatchError
+from ..cells import _registry
+from ..cells._cell import CodeInfo, cells_of
+from ..cells._dispatch import backend
+from ..cells._source import ModuleSource, map_statement
+from ..cells._transform import vaccinate_module
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+
+PROCESS_START = time.time()
+UNBOUND = type("Unbound", (), {"__repr__": lambda self: "<unbound>"})()
+_SKIP_NAMES = ("<lambda>", "<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>", "<module>")
+
+
+@dataclass
+class Change:
+    qualname: str
+    filename: str
+    status: str  # changed, moved, added, removed, error
+    detail: str = ""
+
+    def __str__(self) -> str:
+        where = os.path.basename(self.filename)
+        text = f"{self.status:8s} {where}: {self.qualname}()"
+        return text + (f" -- {self.detail}" if self.detail else "")
+
+
+@dataclass
+class ReloadResult:
+    changes: list[Change] = field(default_factory=list)
+    diffs: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    continuation: tuple[Any, tuple] | None = None
+    running: Change | None = None
+
+    def summary(self) -> str:
+        if not self.changes:
+            return "reload: no function changed"
+        return "reload:\n" + "\n".join(f"  {c}" for c in self.changes)
+
+
+@dataclass
+class _File:
+    filename: str
+    old: str
+    new: str
+    msrc: ModuleSource
+    plain: dict[str, types.CodeType]
+    live: dict[str, types.CodeType]  # vaccinated where the module is
+    children: dict[int, types.CodeType]  # id(plain code) -> vaccinated code
+    loaded: Any  # cells._registry.LoadedFile | None
+
+
+def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> ReloadResult:
+    """Apply changed sources (``sources`` overrides what is read from disk,
+    which is how journal replay re-applies a reload).  Raises ``PatchError``,
+    changing nothing, if a file does not compile or the running function
+    cannot be continued in its new code."""
+    files = _changed_files(sources or {})
+    result = ReloadResult()
+    for f in files.values():
+        result.diffs[f.filename] = "".join(difflib.unified_diff(
+            f.old.splitlines(True), f.new.splitlines(True), f.filename + " (running)",
+            f.filename + " (new)"))
+        result.sources[f.filename] = f.new
+    if not files:
+        return result
+    live = [o for o in gc.get_objects()
+            if type(o) is types.FunctionType and o.__code__.co_filename in files
+            and o.__code__.co_name not in _SKIP_NAMES]
+    installs: list[tuple[types.FunctionType, types.CodeType]] = []
+    seen: set[tuple[str, str]] = set()
+    running_code = crash.frame.f_code if crash is not None else None
+    for fn in live:
+        f = files[fn.__code__.co_filename]
+        qual = fn.__code__.co_qualname
+        old_plain = _original(fn.__code__)
+        new_plain = f.plain.get(qual)
+        key = (f.filename, qual)
+        if new_plain is None:
+            if key not in seen:
+                result.changes.append(Change(qual, f.filename, "removed",
+                                             "no longer in the source; the old code stays"))
+            seen.add(key)
+            continue
+        status = _compare(old_plain, new_plain)
+        if status == "same":
+            continue
+        if fn.__code__.co_freevars != f.live[qual].co_freevars:
+            result.changes.append(Change(qual, f.filename, "error",
+                                         "its closure variables changed; not replaced"))
+            continue
+        installs.append((fn, f.live[qual]))
+        if key not in seen:
+            seen.add(key)
+            change = Change(qual, f.filename, status)
+            result.changes.append(change)
+            if fn.__code__ is running_code and status == "changed":
+                result.running = change
+    added = _added_functions(files, {q for _, q in seen} | {fn.__code__.co_qualname for fn in live})
+    if result.running is not None:
+        result.continuation = _continuation(crash, files[crash.filename], result.running)
+        result.running.detail = f"running: continues in the new code at line " \
+                                f"{result.continuation[2]}"
+        result.continuation = result.continuation[:2]
+    # everything checked: apply
+    for fn, code in installs:
+        fn.__code__ = code
+    for change, install in added:
+        install()
+        result.changes.append(change)
+    for f in files.values():
+        if f.loaded is not None:
+            _registry.record(f.filename, f.loaded.module, f.msrc, f.loaded.selection)
+        linecache.cache[f.filename] = (len(f.new), None, f.new.splitlines(True), f.filename)
+    return result
+
+
+def _original(code: types.CodeType) -> types.CodeType:
+    info = cells_of(code)
+    return info.original if info is not None and info.original is not None else code
+
+
+def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
+    candidates: dict[str, Any] = {f.filename: f for f in _registry.files()}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if path and path.endswith(".py") and path not in candidates:
+            try:
+                if os.stat(path).st_mtime > PROCESS_START:
+                    candidates[path] = None
+            except OSError:
+                continue
+    for path in overrides:
+        candidates.setdefault(path, _registry.get(path))
+    out: dict[str, _File] = {}
+    for path, loaded in candidates.items():
+        if path in overrides:
+            new = overrides[path]
+        else:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    new = fh.read()
+            except OSError:
+                continue
+        old = loaded.msrc.source if loaded is not None else "".join(linecache.getlines(path))
+        if new == old:
+            continue
+        try:
+            msrc = ModuleSource(new, path)
+            plain_module = compile(msrc.tree, path, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise PatchError(
+                f"reload: {path}:{exc.lineno}: {exc.msg} -- nothing was changed") from None
+        if loaded is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                from ..cells import options
+
+                strict, options.strict = options.strict, False
+                try:
+                    live_module, _ = vaccinate_module(plain_module, msrc, loaded.selection,
+                                                      loaded.module)
+                finally:
+                    options.strict = strict
+        else:
+            live_module = plain_module
+        plain, live, children = {}, {}, {}
+        _collect(plain_module, live_module, plain, live, children)
+        out[path] = _File(path, old, new, msrc, plain, live, children, loaded)
+    return out
+
+
+def _collect(plain: types.CodeType, live: types.CodeType, plains: dict, lives: dict,
+             children: dict) -> None:
+    pairs = [(p, v) for p, v in zip(plain.co_consts, live.co_consts)
+             if isinstance(p, types.CodeType) and isinstance(v, types.CodeType)]
+    for p, v in pairs:
+        children[id(p)] = v
+        if p.co_name not in _SKIP_NAMES:
+            plains[p.co_qualname] = p
+            lives[p.co_qualname] = v
+        _collect(p, v, plains, lives, children)
+
+
+def _fingerprint(code: types.CodeType) -> tuple:
+    consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+            code.co_exceptiontable, code.co_flags, code.co_argcount, code.co_kwonlyargcount,
+            consts)
+
+
+def _compare(old: types.CodeType, new: types.CodeType) -> str:
+    if _fingerprint(old) != _fingerprint(new):
+        return "changed"
+    if old.co_firstlineno != new.co_firstlineno or old.co_linetable != new.co_linetable:
+        return "moved"
+    return "same"
+
+
+def _added_functions(files: dict[str, _File], known: set[str]):
+    """Module-level functions and methods of module-level classes that are new."""
+    import ast
+
+    out = []
+    for f in files.values():
+        module = sys.modules.get(f.loaded.module) if f.loaded and f.loaded.module else None
+        namespace = getattr(module, "__dict__", None)
+        if namespace is None:
+            continue
+        for (qual, _first), node in f.msrc.scopes().items():
+            if qual in known or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            owner_name, _, name = qual.rpartition(".")
+            if "<locals>" in qual or qual not in f.live:
+                continue
+            owner = namespace if not owner_name else getattr(namespace.get(owner_name), "__dict__",
+                                                             None)
+            if owner is None:
+                continue
+            code = f.live[qual]
+            defaults = tuple(eval(compile(ast.Expression(d), f.filename, "eval"), namespace)
+                             for d in node.args.defaults) or None
+
+            def install(code=code, name=name, owner_name=owner_name, defaults=defaults):
+                fn = types.FunctionType(code, namespace, name, defaults)
+                fn.__qualname__ = code.co_qualname
+                if owner_name:
+                    setattr(namespace[owner_name], name, fn)
+                else:
+                    namespace[name] = fn
+
+            out.append((Change(qual, f.filename, "added"), install))
+    return out
+
+
+# -- continuing the running function ---------------------------------------------------
+
+
+def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, int]:
+    back, reason = backend()
+    if back is None:
+        raise PatchError(f"reload: {reason}")
+    frame = crash.frame
+    code = frame.f_code
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        raise PatchError("reload: the crashed function is a generator or coroutine; its running "
+                         "call cannot switch to new code (nothing was changed)")
+    if f.loaded is None:
+        raise PatchError("reload: the running function's file was not vaccinated")
+    old_plain = _original(code)
+    old_msrc = f.loaded.msrc
+    old_scope = old_msrc.scope_for(old_plain)
+    new_plain = f.plain[code.co_qualname]
+    new_scope = f.msrc.scope_for(new_plain)
+    if old_scope is None or new_scope is None:
+        raise PatchError("reload: the running function's source could not be found")
+    cell = crash.cell
+    old_stmt = old_msrc.statements(old_scope).lookup(
+        (cell.lineno, cell.end_lineno, cell.col, cell.end_col))
+    if old_stmt is None:
+        raise PatchError("reload: the failing statement could not be located in the old source")
+    new_stmt = map_statement(old_msrc, old_scope, old_stmt, f.msrc, new_scope)
+    if isinstance(new_stmt, str):
+        raise PatchError(f"reload: cannot continue {code.co_qualname}() in the new code: "
+                         f"{new_stmt} (nothing was changed)")
+    spec = back.Continuation(stmt=new_stmt, role=cell.role, nstack=cell.depth, unbound=UNBOUND)
+    info = CodeInfo(new_plain.co_qualname, new_plain.co_filename, new_plain.co_firstlineno,
+                    f.loaded.module, original=new_plain)
+    from ..cells._transform import _hooks
+
+    try:
+        cont = back.rewrite(new_plain, info, f.msrc, new_scope, _hooks(),
+                            {k: v for k, v in f.children.items()}, continuation=spec)
+    except back.Unsupported as exc:
+        raise PatchError(f"reload: cannot continue {code.co_qualname}() in the new code: {exc} "
+                         "(nothing was changed)") from None
+    stack = tuple(crash.stack)
+    if len(stack) != cell.depth:
+        raise PatchError("reload: the crashed frame's stack could not be captured")
+    if not code.co_flags & 0x1:  # module-level code: variables are the globals
+        g = frame.f_globals
+        for name, value in zip(spec.stack_params, stack):
+            g[name] = value
+        return exec, (cont, g), getattr(new_stmt, "lineno", 0)
+    func = _running_function(frame)
+    if func is None:
+        raise PatchError("reload: the running function object could not be found")
+    if func.__code__.co_freevars != cont.co_freevars:
+        raise PatchError("reload: the running function's closure variables changed")
+    snapshot = dict(frame.f_locals)
+    args = []
+    cells = {hidden: var for hidden, var in spec.cell_params.items()}
+    for name in spec.params:
+        if name in cells:
+            args.append(snapshot.get(cells[name], UNBOUND))
+        elif name.startswith(".daifu_stack"):
+            args.append(stack[int(name[len(".daifu_stack"):])])
+        else:
+            args.append(snapshot.get(name, UNBOUND))
+    fn = types.FunctionType(cont, frame.f_globals, func.__name__, None, func.__closure__)
+    fn.__qualname__ = func.__qualname__
+    return fn, tuple(args), getattr(new_stmt, "lineno", 0)
+
+
+class _PyFrameObject(ctypes.Structure):
+    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
+                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
+
+
+def _running_function(frame: types.FrameType) -> types.FunctionType | None:
+    """The function object executing ``frame`` (CPython keeps it in the
+    interpreter frame; found by pointer, checked against the frame's code)."""
+    try:
+        outer = _PyFrameObject.from_address(id(frame))
+        func_ptr = ctypes.c_void_p.from_address(outer.f_frame).value  # f_func is the 1st field
+        func = ctypes.cast(func_ptr, ctypes.py_object).value
+        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
+            return func
+    except Exception:
+        pass
+    candidates = [r for r in gc.get_referrers(frame.f_code)
+                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
+    return candidates[0] if len(candidates) == 1 else None

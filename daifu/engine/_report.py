@@ -1,0 +1,242 @@
+"""The crash report: what a developer needs to decide what to do.
+
+* the exception and its message;
+* the failing statement, highlighted in a few lines of its source;
+* the traceback (user frames only: daifu's plumbing is hidden);
+* the live variables with compact summaries (tensors by shape/dtype/device/
+  requires_grad/min/max/NaN, modules by class and parameter count, long
+  containers truncated);
+* what the failing statement had already done before it raised -- calls that
+  returned, stores, in-place operations -- which a retry would do again.
+"""
+
+from __future__ import annotations
+
+import dis
+import linecache
+import os
+import reprlib
+import traceback
+import types
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MUTATING_METHODS = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
+    "discard", "popitem", "sort", "reverse", "write", "writelines", "save", "step", "backward",
+    "zero_grad", "send", "put", "mkdir", "makedirs", "unlink", "rename", "replace", "rmtree",
+    "copy_", "fill_", "zero_", "add_", "mul_", "sub_", "div_", "clamp_", "load_state_dict",
+})
+
+
+@dataclass
+class Report:
+    """A structured crash report (also logged as the ``crash.report`` event)."""
+
+    title: str
+    where: str
+    statement: str
+    source: list[tuple[int, str, bool]]  # (line number, text, is the failing statement)
+    traceback: list[str]
+    variables: dict[str, str]
+    done_before: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+
+    def render(self, width: int = 100) -> str:
+        out = [f"daifu: crash intercepted -- {self.title}", f"  at {self.where}", ""]
+        for lineno, text, failing in self.source:
+            marker = "-->" if failing else "   "
+            out.append(f"  {marker} {lineno:5d}  {text}"[:width])
+        if self.traceback:
+            out += ["", "  traceback (most recent call last):"]
+            out += ["    " + line for chunk in self.traceback for line in chunk.rstrip().splitlines()]
+        if self.variables:
+            out += ["", "  variables:"]
+            pad = max(len(k) for k in self.variables)
+            for name, summary in self.variables.items():
+                out.append(f"    {name:<{pad}} = {summary}"[:width])
+        if self.done_before:
+            out += ["", "  before raising, the failing statement already did (a retry does it again):"]
+            out += [f"    - {item}" for item in self.done_before]
+        if self.options:
+            out += ["", "  options: " + "; ".join(self.options)]
+        return "\n".join(out)
+
+
+def build(crash: Crash, context: int = 3) -> Report:
+    exc = crash.exception
+    lineno = crash.lineno or 0
+    end = crash.cell.end_lineno or lineno
+    lines = []
+    for n in range(max(1, lineno - context), end + context + 1):
+        text = linecache.getline(crash.filename, n).rstrip("\n")
+        if not text and n > end:
+            break
+        lines.append((n, text, lineno <= n <= end))
+    return Report(
+        title=f"{type(exc).__qualname__}: {_one_line(exc)}",
+        where=f"{crash.where} in {crash.function}()",
+        statement=crash.statement,
+        source=lines,
+        traceback=user_traceback(exc),
+        variables=summarize_vars(crash),
+        done_before=done_before(crash),
+        options=options(crash),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<unprintable>"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def user_traceback(exc: BaseException) -> list[str]:
+    """The exception's traceback without daifu's own frames."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(_PKG + os.sep)]
+    return traceback.format_list(frames)
+
+
+def options(crash: Crash) -> list[str]:
+    out = []
+    out.append("retry" if crash.can_retry else f"retry impossible ({crash.retry_reason})")
+    if crash.can_skip:
+        out.append(f"skip ({crash.cell.skip_effect})")
+    if crash.can_continue:
+        out.append("next (continue with the loop's next item)")
+    return out
+
+
+# -- values ---------------------------------------------------------------------------
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxdict = 6
+_repr.maxlevel = 2
+
+
+def summarize(value: Any) -> str:
+    """A compact, one-line description of a value (never raises)."""
+    try:
+        mod = type(value).__module__ or ""
+        if mod.startswith("torch"):
+            desc = _torch_summary(value)
+            if desc is not None:
+                return desc
+        if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) > 6:
+            return f"{type(value).__name__} of {len(value)}: {_repr.repr(value)}"
+        return _repr.repr(value)
+    except Exception as exc:  # a broken __repr__ must not break the report
+        return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
+
+
+def _torch_summary(value: Any) -> str | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        parts = [f"tensor{tuple(value.shape)}", str(value.dtype).replace("torch.", ""),
+                 str(value.device)]
+        if value.requires_grad:
+            parts.append("requires_grad")
+        if value.numel() and not value.is_meta and value.device.type == "cpu":
+            with torch.no_grad():
+                flat = value.detach()
+                if flat.is_floating_point() or flat.is_complex():
+                    nan = bool(torch.isnan(flat).any())
+                    finite = flat[torch.isfinite(flat)] if nan else flat
+                    if finite.numel():
+                        parts.append(f"min={finite.min().item():.4g} max={finite.max().item():.4g}")
+                    if nan:
+                        parts.append("HAS NaN")
+                elif flat.dtype != torch.bool:
+                    parts.append(f"min={flat.min().item()} max={flat.max().item()}")
+        return " ".join(parts)
+    if isinstance(value, torch.nn.Module):
+        n = sum(p.numel() for p in value.parameters())
+        return f"{type(value).__name__} module, {n:,} parameters, training={value.training}"
+    if isinstance(value, torch.optim.Optimizer):
+        groups = value.param_groups
+        lr = groups[0].get("lr") if groups else None
+        return f"{type(value).__name__} optimizer, {len(groups)} param group(s), lr={lr}"
+    return None
+
+
+def summarize_vars(crash: Crash, limit: int = 40) -> dict[str, str]:
+    try:
+        names = crash.vars
+        items = [(k, names[k]) for k in list(names)]
+    except Exception:
+        return {}
+    out = {}
+    for name, value in items:
+        if name.startswith("__") or isinstance(value, (types.ModuleType, types.FunctionType,
+                                                       type)):
+            continue  # module globals: imports, functions and classes are noise
+        out[name] = summarize(value)
+        if len(out) >= limit:
+            out["..."] = f"{len(items) - limit} more"
+            break
+    return out
+
+
+# -- side effects already done ------------------------------------------------------------
+
+
+def done_before(crash: Crash) -> list[str]:
+    """Effects of the failing statement that completed before it raised:
+    calls that returned, attribute/item stores, in-place operators."""
+    frame_code = crash._frame.f_code if crash._frame is not None else None
+    if frame_code is None:
+        return []
+    try:
+        return _done_before(frame_code, crash.lasti, crash.cell.lineno, crash.cell.end_lineno)
+    except Exception:
+        return []
+
+
+def _done_before(code: types.CodeType, lasti: int, first: int | None, last: int | None) -> list[str]:
+    from ._guards import cell_at
+    from ..cells._cell import cells_of
+
+    info = cells_of(code)
+    if info is None:
+        return []
+    offset = lasti * 2
+    cell = cell_at(info, code, offset)
+    if cell is None:
+        return []
+    # the range of the run (original or retry copy) that contains lasti
+    start = next(s for s, e, c in info.ranges if c is cell and s <= offset < e)
+    effects = []
+    for ins in dis.get_instructions(code):
+        if ins.offset < start or ins.offset >= offset:
+            continue
+        pos = ins.positions
+        text = _source_at(code.co_filename, pos)
+        if ins.opname == "CALL":
+            name = text.split("(")[0].rsplit(".", 1)[-1] if text else ""
+            kind = "mutating call" if name in _MUTATING_METHODS or name.endswith("_") else "call"
+            effects.append(f"{kind}: {text}" if text else kind)
+        elif ins.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "DELETE_ATTR"):
+            effects.append(f"store: {text}" if text else "store")
+        elif ins.opname == "BINARY_OP" and "=" in ins.argrepr:
+            effects.append(f"in-place {ins.argrepr}: {text}" if text else "in-place op")
+    return effects
+
+
+def _source_at(filename: str, pos) -> str:
+    if pos is None or pos.lineno is None or pos.lineno != pos.end_lineno:
+        return ""
+    line = linecache.getline(filename, pos.lineno)
+    if pos.col_offset is None or pos.end_col_offset is None:
+        return line.strip()
+    return line.encode()[pos.col_offset : pos.end_col_offset].decode(errors="replace")
