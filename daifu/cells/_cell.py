@@ -197,6 +197,12 @@ def cells_of(code: types.CodeType) -> CodeInfo | None:
     return None
 
 
+def original_code(code: types.CodeType) -> types.CodeType:
+    """The unmodified code a vaccinated code object was made from (or itself)."""
+    info = cells_of(code)
+    return info.original if info is not None and info.original is not None else code
+
+
 def is_vaccinated(code: Any) -> bool:
     """True if ``code`` (a code object) was produced by daifu's rewrite."""
     return isinstance(code, types.CodeType) and cells_of(code) is not None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import sys
 import types
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bytecode import Bytecode, Compare, Instr, Label, TryBegin, TryEnd

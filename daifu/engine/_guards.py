@@ -44,6 +44,7 @@ from ..cells._cell import (
     Ref,
     WithGuard,
     cells_of,
+    original_code,
 )
 from ..cells._dispatch import backend
 from ..cells._source import source_for_file
@@ -156,7 +157,7 @@ def _exit_may_suppress(exit_fn: Any) -> bool | None:
     code = getattr(exit_fn, "__code__", None)
     if code is None:
         return False
-    return None if _returns_truthy(code) else False
+    return None if _returns_truthy(original_code(code)) else False
 
 
 @lru_cache(maxsize=512)
@@ -192,7 +193,7 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
     wrapped = getattr(value, "__wrapped__", None)
     if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & 0x20:
         # @contextmanager factory: may swallow only if the generator catches
-        return None if _has_except_handler(wrapped.__code__) else False
+        return None if _has_except_handler(original_code(wrapped.__code__)) else False
     return False  # a factory function or builtin (open, ...): assumed not to suppress
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import PatchError
 from ..cells import _registry
-from ..cells._cell import CodeInfo, cells_of
+from ..cells._cell import CodeInfo, original_code
 from ..cells._dispatch import backend
 from ..cells._source import ModuleSource, map_statement
 from ..cells._transform import vaccinate_module
@@ -106,7 +106,7 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
     for fn in live:
         f = files[fn.__code__.co_filename]
         qual = fn.__code__.co_qualname
-        old_plain = _original(fn.__code__)
+        old_plain = original_code(fn.__code__)
         new_plain = f.plain.get(qual)
         key = (f.filename, qual)
         if new_plain is None:
@@ -146,11 +146,6 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             _registry.record(f.filename, f.loaded.module, f.msrc, f.loaded.selection)
         linecache.cache[f.filename] = (len(f.new), None, f.new.splitlines(True), f.filename)
     return result
-
-
-def _original(code: types.CodeType) -> types.CodeType:
-    info = cells_of(code)
-    return info.original if info is not None and info.original is not None else code
 
 
 def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
@@ -255,7 +250,8 @@ def _added_functions(files: dict[str, _File], known: set[str]):
             defaults = tuple(eval(compile(ast.Expression(d), f.filename, "eval"), namespace)
                              for d in node.args.defaults) or None
 
-            def install(code=code, name=name, owner_name=owner_name, defaults=defaults):
+            def install(code=code, name=name, owner_name=owner_name, defaults=defaults,
+                        namespace=namespace):
                 fn = types.FunctionType(code, namespace, name, defaults)
                 fn.__qualname__ = code.co_qualname
                 if owner_name:
@@ -281,7 +277,7 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
                          "call cannot switch to new code (nothing was changed)")
     if f.loaded is None:
         raise PatchError("reload: the running function's file was not vaccinated")
-    old_plain = _original(code)
+    old_plain = original_code(code)
     old_msrc = f.loaded.msrc
     old_scope = old_msrc.scope_for(old_plain)
     new_plain = f.plain[code.co_qualname]

@@ -53,14 +53,16 @@ class Report:
             out.append(f"  {marker} {lineno:5d}  {text}"[:width])
         if self.traceback:
             out += ["", "  traceback (most recent call last):"]
-            out += ["    " + line for chunk in self.traceback for line in chunk.rstrip().splitlines()]
+            out += ["    " + line for chunk in self.traceback
+                    for line in chunk.rstrip().splitlines()]
         if self.variables:
             out += ["", "  variables:"]
             pad = max(len(k) for k in self.variables)
             for name, summary in self.variables.items():
                 out.append(f"    {name:<{pad}} = {summary}"[:width])
         if self.done_before:
-            out += ["", "  before raising, the failing statement already did (a retry does it again):"]
+            out += ["", "  before raising, the failing statement already did "
+                        "(a retry does it again):"]
             out += [f"    - {item}" for item in self.done_before]
         if self.options:
             out += ["", "  options: " + "; ".join(self.options)]
@@ -203,9 +205,10 @@ def done_before(crash: Crash) -> list[str]:
         return []
 
 
-def _done_before(code: types.CodeType, lasti: int, first: int | None, last: int | None) -> list[str]:
-    from ._guards import cell_at
+def _done_before(code: types.CodeType, lasti: int, first: int | None,
+                 last: int | None) -> list[str]:
     from ..cells._cell import cells_of
+    from ._guards import cell_at
 
     info = cells_of(code)
     if info is None:
