@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from daifu.cells import options
@@ -19,3 +22,12 @@ def _fresh_engine():
 @pytest.fixture
 def engine():
     return ENGINE
+
+
+def pytest_configure(config):
+    # journals and control sockets of the jobs the tests start stay out of $HOME
+    state = tempfile.mkdtemp(prefix="daifu-test-state-")
+    os.environ.setdefault("XDG_STATE_HOME", state)
+    runtime = os.path.join(state, "run")
+    os.mkdir(runtime, 0o700)
+    os.environ.setdefault("DAIFU_RUNTIME_DIR", runtime)

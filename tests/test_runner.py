@@ -136,7 +136,8 @@ def test_options_come_from_environment(tmp_path):
     assert proc.stdout.strip() == "[6, 3]"
     events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text()
               .splitlines()]
-    assert events[:3] == ["crash.intercepted", "patch.applied", "crash.resumed"]
+    core = [e for e in events if e.split(".")[0] in ("crash", "patch")]
+    assert core == ["crash.intercepted", "patch.applied", "crash.resumed"]
     assert events[-1] == "daifu.summary"
 
 

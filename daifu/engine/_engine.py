@@ -78,6 +78,10 @@ class Engine:
         #: observers called with each Crash before the rules (crash reports)
         self.observers: list[Any] = []
         self.stats = collections.Counter()
+        #: the journal of crashes and patches (``_journal.Journal``), if any
+        self.journal: Any = None
+        #: a journal being replayed (``_journal.Replay``), consulted before the rules
+        self.replay: Any = None
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
@@ -130,6 +134,7 @@ class Engine:
                 where=crash.where, function=crash.function, statement=crash.statement,
                 exc_type=type(exc).__qualname__, message=_message(exc), attempt=attempt,
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
+            self._record("crash", crash)
             for observer in list(self.observers):
                 try:
                     observer(crash)
@@ -156,6 +161,14 @@ class Engine:
         decision = self._drain(crash)
         if decision is not None:
             return decision, "queued patch"
+        if self.replay is not None:
+            try:
+                self.replay.offer(crash, self)
+            except Exception:
+                self._internal("replay", crash)
+            decision = self._drain(crash)
+            if decision is not None:
+                return decision, "replay"
         for rule in self.rules.matching(crash):
             self._tls.origin = rule.origin
             try:
@@ -180,14 +193,17 @@ class Engine:
             decision = self._drain(crash)
             if decision is not None:
                 return decision, rule.origin
+        waited = None
         for waiter in list(self.waiters):
             try:
-                waiter.wait(crash, self)
+                waited = waiter.wait(crash, self)
             except Exception:
                 self._internal("waiter", crash)
             decision = self._drain(crash)
             if decision is not None:
                 return decision, "interactive"
+        if waited:
+            return None, waited
         if not len(self.rules) and not self.waiters:
             return None, "no fix available (no rules registered, no console)"
         return None, "no rule fixed it"
@@ -213,6 +229,7 @@ class Engine:
                 self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE
         self._pending.pop(key, None)
+        self._record("outcome", crash, (decision.value if decision else "no-fix"), reason)
         if decision is SKIP or decision is CONTINUE:
             self.stats["recovered"] += 1
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
@@ -298,11 +315,13 @@ class Engine:
                 crash._reload = patch.result  # type: ignore[attr-defined]
                 emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                                   summary=patch.summary()))
+                self._record("patch", crash, patch)
                 return RELOAD
             if isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash)
                 emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                                   summary=patch.summary()))
+                self._record("patch", crash, patch)
                 return result
             if isinstance(patch, ExecPatch):
                 if crash is None:
@@ -317,9 +336,11 @@ class Engine:
         except PatchError as err:
             emit(PatchRejected(where=where, kind=patch.kind, origin=patch.origin,
                                reason=str(err)))
+            self._record("patch", crash, patch, "rejected", str(err))
             raise
         emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                           summary=patch.summary()))
+        self._record("patch", crash, patch)
         return None
 
     def take_continuation(self) -> tuple:
@@ -341,6 +362,15 @@ class Engine:
             raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
         return decision
 
+    def _record(self, what: str, crash: Crash | None, *args) -> None:
+        """Append to the journal, if there is one; never fails the recovery."""
+        if self.journal is None:
+            return
+        try:
+            getattr(self.journal, what)(crash, *args)
+        except Exception:
+            self._internal("journal", crash)
+
     # -- diagnostics -----------------------------------------------------------------
 
     def _internal(self, what: str, crash: Crash | None) -> None:
@@ -361,6 +391,8 @@ class Engine:
         self.waiters.clear()
         self.observers.clear()
         self.stats.clear()
+        self.journal = None
+        self.replay = None
 
 
 def _raise_missing():

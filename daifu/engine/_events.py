@@ -40,6 +40,32 @@ class CrashIntercepted(Event):
 
 
 @dataclass(frozen=True)
+class CrashReport(Event):
+    """What a human needs to decide (see ``daifu.engine._report``)."""
+
+    event: ClassVar[str] = "crash.report"
+    where: str
+    title: str
+    statement: str
+    traceback: str
+    variables: dict
+    done_before: list
+    options: list
+
+
+@dataclass(frozen=True)
+class CrashWaiting(Event):
+    """The job waits for a fix from another terminal."""
+
+    event: ClassVar[str] = "crash.waiting"
+    level: ClassVar[str] = "warning"
+    where: str
+    socket: str
+    pid: int
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class PatchApplied(Event):
     event: ClassVar[str] = "patch.applied"
     where: str

@@ -62,6 +62,7 @@ class ReloadResult:
     changes: list[Change] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    old_sources: dict[str, str] = field(default_factory=dict)
     continuation: tuple[Any, tuple] | None = None
     running: Change | None = None
 
@@ -95,6 +96,7 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             f.old.splitlines(True), f.new.splitlines(True), f.filename + " (running)",
             f.filename + " (new)"))
         result.sources[f.filename] = f.new
+        result.old_sources[f.filename] = f.old
     if not files:
         return result
     live = [o for o in gc.get_objects()

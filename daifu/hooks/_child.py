@@ -47,6 +47,7 @@ def activate() -> None:
 
         cfg = Config.from_env()
         _logging.configure(cfg.log, cfg.log_level)
+        cfg.setup_engine(cfg.main, interactive=False)
         install(config=cfg)
         load_fixes(cfg.fixes)
         if cfg.main:

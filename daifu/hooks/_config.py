@@ -10,6 +10,12 @@
 | DAIFU_LOG_LEVEL      | --log-level      | debug, info (default), warning, error               |
 | DAIFU_STRICT         | --strict         | 1: a function daifu cannot vaccinate is an error    |
 | DAIFU_DUMP           | --dump           | 1 (stderr) or a file: print the rewritten bytecode  |
+| DAIFU_WAIT           | --wait           | without a terminal: wait this long (s) for a remote |
+|                      |                  | fix between commands; 0 (default) = do not wait     |
+| DAIFU_CONSOLE        | --no-console     | 0: no console even on a terminal                    |
+| DAIFU_JOURNAL        | --journal        | the journal file (default under ~/.local/state)     |
+| DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
+| DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
 """
 
@@ -23,6 +29,19 @@ from ..cells import Selection
 from ._patterns import ModuleMatcher
 
 _TRUE = {"1", "true", "yes", "on"}
+
+
+def parse_wait(text: str) -> float | None:
+    """Seconds to wait for a remote fix: a number, or ``inf``/``forever``."""
+    if text.strip().lower() in ("inf", "forever", "infinity"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--wait/DAIFU_WAIT must be seconds or 'inf', not {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"--wait/DAIFU_WAIT must not be negative ({text!r})")
+    return value
 
 
 def _split(text: str | None, sep: str = ",") -> tuple[str, ...]:
@@ -40,6 +59,10 @@ class Config:
     strict: bool = False
     dump: str | None = None
     main: str | None = None
+    wait: float | None = 0.0  # None: forever
+    console: bool = True
+    journal: str | None = None
+    replay: str | None = None
     matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
 
     @classmethod
@@ -55,6 +78,11 @@ class Config:
             dump=env.get("DAIFU_DUMP") or None,
             main=env.get("DAIFU_MAIN") or None,
         )
+        cfg.console = env.get("DAIFU_CONSOLE", "1").lower() not in ("0", "false", "no", "off")
+        cfg.journal = env.get("DAIFU_JOURNAL") or None
+        cfg.replay = env.get("DAIFU_REPLAY") or None
+        if env.get("DAIFU_WAIT"):
+            cfg.wait = parse_wait(env["DAIFU_WAIT"])
         attempts = env.get("DAIFU_MAX_ATTEMPTS")
         if attempts:
             try:
@@ -95,6 +123,11 @@ class Config:
             os.environ["DAIFU_DUMP"] = self.dump
         if self.main:
             os.environ["DAIFU_MAIN"] = self.main
+        os.environ["DAIFU_WAIT"] = "inf" if self.wait is None else f"{self.wait:g}"
+        if not self.console:
+            os.environ["DAIFU_CONSOLE"] = "0"
+        if self.replay:
+            os.environ["DAIFU_REPLAY"] = os.path.abspath(self.replay)
 
     def apply(self) -> None:
         """Configure this process's transform and engine from the options."""
@@ -104,3 +137,31 @@ class Config:
         options.strict = self.strict
         options.dump = self.dump
         ENGINE.max_attempts = self.max_attempts
+
+    def setup_engine(self, script: str | None, interactive: bool) -> None:
+        """Journal, replay and the human in the loop (runner and spawned children)."""
+        import sys
+
+        from ..engine import ENGINE
+        from ..engine._journal import Journal, Replay, default_path
+        from ..engine._waiter import Waiter
+
+        ENGINE.journal = Journal(self.journal or default_path(script))
+        if self.replay:
+            try:
+                ENGINE.replay = Replay(self.replay)
+            except OSError as exc:
+                raise ConfigError(f"cannot read the journal to replay: {exc}") from None
+        console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
+        ENGINE.waiters[:] = []
+        if console or self.wait != 0:
+            ENGINE.waiters.append(Waiter(console=console, wait=self.wait))
+            os.register_at_fork(after_in_child=_no_waiting_in_forked_children)
+
+
+def _no_waiting_in_forked_children() -> None:
+    """A forked child (a DataLoader worker, say) shares the parent's terminal:
+    it applies rules but never waits for a human."""
+    from ..engine import ENGINE
+
+    ENGINE.waiters[:] = []

@@ -25,12 +25,16 @@ import warnings
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
 from . import _logging
-from ._config import Config
+from ._config import Config, parse_wait
+from ._remote import COMMANDS
 from ._install import install
 
 USAGE = """\
 python -m daifu [options] script.py [args ...]
-       python -m daifu [options] -m module [args ...]"""
+       python -m daifu [options] -m module [args ...]
+       python -m daifu ps                     (jobs waiting on a crash)
+       python -m daifu attach PID             (console of a waiting job)
+       python -m daifu send PID COMMAND ...   (one command; exit 0 if the job resumed)"""
 
 DESCRIPTION = """\
 Run a Python program so that an exception that would crash it is stopped where
@@ -49,6 +53,8 @@ environment variables (options override them; child processes inherit them):
   DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
   DAIFU_STRICT=1      a function that cannot be vaccinated is an error
   DAIFU_DUMP=1|FILE   print the rewritten bytecode (debugging)
+  DAIFU_WAIT          like --wait; DAIFU_CONSOLE=0 like --no-console
+  DAIFU_JOURNAL, DAIFU_REPLAY   like --journal, --replay
 
 examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
@@ -77,13 +83,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail if a selected function cannot be vaccinated")
     p.add_argument("--dump", nargs="?", const="-", metavar="FILE",
                    help="print the rewritten bytecode to stderr (or FILE)")
+    p.add_argument("--wait", metavar="SECONDS",
+                   help="without a terminal: wait for a fix from `python -m daifu attach/send` "
+                        "(SECONDS between commands, or 'inf'); default 0: give up at once")
+    p.add_argument("--no-console", action="store_true",
+                   help="never open the interactive console, even on a terminal")
+    p.add_argument("--journal", metavar="FILE",
+                   help="record crashes and patches here (JSON lines, mode 0600)")
+    p.add_argument("--replay", metavar="JOURNAL",
+                   help="re-apply the patches recorded in JOURNAL when the same crash recurs")
     p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
     return p
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
     """Split into (daifu options, script, module, program args)."""
-    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-level"}
+    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-level",
+                   "--wait", "--journal", "--replay"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -109,6 +125,8 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, lis
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:  # ps / attach / send; `./ps` runs a script called ps
+        raise SystemExit(COMMANDS[argv[0]](argv[1:]))
     options, script, module, args = _split_argv(argv)
     parser = _parser()
     if "-m" in options:
@@ -136,6 +154,14 @@ def main(argv: list[str] | None = None) -> None:
             cfg.strict = True
         if ns.dump:
             cfg.dump = ns.dump
+        if ns.wait is not None:
+            cfg.wait = parse_wait(ns.wait)
+        if ns.no_console:
+            cfg.console = False
+        if ns.journal:
+            cfg.journal = ns.journal
+        if ns.replay:
+            cfg.replay = ns.replay
         cfg.validate()
         for path in cfg.fixes:
             if not os.path.isfile(path):
@@ -152,6 +178,11 @@ def main(argv: list[str] | None = None) -> None:
         cfg.main = os.path.abspath(script)
     cfg.export()
     _logging.configure(cfg.log, cfg.log_level)
+    try:
+        cfg.setup_engine(script or module, interactive=True)
+    except ConfigError as exc:
+        sys.stderr.write(f"python -m daifu: error: {exc}\n")
+        raise SystemExit(2) from None
     install(config=cfg)
     load_fixes(cfg.fixes, fatal=True)
     _install_excepthook()

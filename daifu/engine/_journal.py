@@ -1,0 +1,209 @@
+"""The journal (every crash and every patch, as JSON lines) and its replay.
+
+Each record is one line: ``{"type": "crash" | "patch" | "outcome", ...}``.
+Patches carry what is needed to apply them again -- the code of exec
+patches, the decision, and for reloads the unified diff (for people) and the
+new source with a hash of the source it replaced (for replay).
+
+``--replay JOURNAL`` re-applies the recorded patches when the same crash
+recurs: same exception type, file, function and failing statement (not the
+message text).  A recorded crash whose statement no longer matches, or a
+reload recorded against other source, is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._errors import DaifuWarning
+from ..cells import _registry
+from ._decision import Decision
+from ._events import Event, emit
+from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+    from ._engine import Engine
+
+
+def default_path(script: str | None) -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    stem = os.path.splitext(os.path.basename(script or "python"))[0] or "python"
+    name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+    return os.path.join(base, "daifu", "journal", name)
+
+
+def crash_key(crash: Crash) -> dict[str, str]:
+    """What identifies "the same crash" across runs."""
+    return {"exc_type": type(crash.exception).__qualname__,
+            "file": os.path.basename(crash.filename), "function": crash.function,
+            "statement": crash.statement}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JournalOpened(Event):
+    event = "journal.opened"
+    path: str
+
+
+class Journal:
+    """Appends records to a 0600 file (created at the first crash)."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self._ids: dict[int, int] = {}
+        self._next = 1
+
+    def _write(self, record: dict) -> None:
+        record.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        line = (json.dumps(record, default=repr) + "\n").encode()
+        with self._lock:
+            if self._fd is None:
+                directory = os.path.dirname(self.path)
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.fchmod(self._fd, 0o600)
+                emit(JournalOpened(path=self.path))
+            os.write(self._fd, line)
+
+    def crash_id(self, crash: Crash) -> int:
+        key = id(crash)
+        if key not in self._ids:
+            self._ids[key] = self._next
+            self._next += 1
+        return self._ids[key]
+
+    def crash(self, crash: Crash) -> None:
+        self._write({"type": "crash", "crash": self.crash_id(crash), "pid": os.getpid(),
+                     "key": crash_key(crash), "where": crash.where, "attempt": crash.attempt,
+                     "message": str(crash.exception)[:2000]})
+
+    def patch(self, crash: Crash | None, patch: Patch, status: str = "applied",
+              error: str | None = None) -> None:
+        record: dict[str, Any] = {"type": "patch", "status": status, "kind": patch.kind,
+                                  "origin": patch.origin, "summary": patch.summary()}
+        if crash is not None:
+            record.update(crash=self.crash_id(crash), attempt=crash.attempt)
+        if error:
+            record["error"] = error
+        if isinstance(patch, DecisionPatch):
+            record["decision"] = patch.decision.value
+        elif isinstance(patch, ExecPatch):
+            record["code"] = patch.code
+        elif isinstance(patch, ReplacePatch):
+            record["target"] = getattr(patch.target, "__qualname__", repr(patch.target))
+            record["new"] = getattr(patch.new, "__qualname__", repr(patch.new))
+        elif isinstance(patch, ReloadPatch) and patch.result is not None:
+            record["diff"] = patch.result.diffs
+            record["sources"] = patch.result.sources
+            record["before"] = {path: _sha(_before(patch.result, path))
+                                for path in patch.result.sources}
+            record["changes"] = [str(c) for c in patch.result.changes]
+        self._write(record)
+
+    def outcome(self, crash: Crash, action: str, reason: str = "") -> None:
+        self._write({"type": "outcome", "crash": self.crash_id(crash), "action": action,
+                     "reason": reason})
+
+
+def _before(result, path: str) -> str:
+    """The source a reload replaced (kept on the result by the reload)."""
+    return getattr(result, "old_sources", {}).get(path, "")
+
+
+@dataclass
+class _Recorded:
+    number: int
+    key: dict[str, str]
+    patches: list[dict] = field(default_factory=list)
+    used: bool = False
+
+
+@dataclass(frozen=True)
+class ReplaySkipped(Event):
+    event = "replay.skipped"
+    level = "warning"
+    where: str
+    reason: str
+
+
+class Replay:
+    """Patch source that re-applies a journal's patches to matching crashes."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.crashes: list[_Recorded] = []
+        by_number: dict[int, _Recorded] = {}
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    warnings.warn(f"daifu: {path}:{n}: not a journal record; ignored",
+                                  DaifuWarning, stacklevel=2)
+                    continue
+                if record.get("type") == "crash":
+                    rec = _Recorded(record["crash"], record["key"])
+                    by_number[rec.number] = rec
+                    self.crashes.append(rec)
+                elif record.get("type") == "patch" and record.get("status") == "applied":
+                    rec = by_number.get(record.get("crash"))
+                    if rec is not None:
+                        rec.patches.append(record)
+
+    def offer(self, crash: Crash, engine: Engine) -> bool:
+        key = crash_key(crash)
+        for rec in self.crashes:
+            if rec.used or rec.key != key:
+                continue
+            rec.used = True
+            for record in rec.patches:
+                patch = self._patch(record, crash)
+                if patch is not None:
+                    engine.queue.put(patch)
+            return True
+        for rec in self.crashes:
+            near = {k: v for k, v in rec.key.items() if k != "statement"}
+            if not rec.used and near == {k: v for k, v in key.items() if k != "statement"}:
+                rec.used = True
+                emit(ReplaySkipped(where=crash.where, reason=(
+                    f"journal crash #{rec.number} was at statement {rec.key['statement']!r}, "
+                    f"now {key['statement']!r}: the script changed; its patches are skipped")))
+        return False
+
+    def _patch(self, record: dict, crash: Crash) -> Patch | None:
+        kind = record.get("kind")
+        if kind == "decision":
+            return DecisionPatch(Decision(record["decision"]), origin="replay")
+        if kind == "exec":
+            return ExecPatch(record["code"], origin="replay")
+        if kind == "reload":
+            sources, before = record.get("sources", {}), record.get("before", {})
+            for path in sources:
+                loaded = _registry.get(path)
+                live = loaded.msrc.source if loaded is not None else None
+                if live is None or _sha(live) != before.get(path):
+                    emit(ReplaySkipped(where=crash.where, reason=(
+                        f"the recorded reload of {path} was made against other source; "
+                        "skipped")))
+                    return None
+            return ReloadPatch(origin="replay", sources=sources)
+        emit(ReplaySkipped(where=crash.where, reason=(
+            f"{kind} patches are not replayed (write them as a rule with daifu.on)")))
+        return None

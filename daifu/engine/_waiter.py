@@ -1,0 +1,133 @@
+"""Waiting for a human at a crash.
+
+With a terminal (stdin is a TTY) the console runs there.  Without one, the
+job opens its control endpoint and waits for ``python -m daifu attach/send``
+from another terminal -- at most ``--wait`` seconds without a command, then
+it gives up exactly as without daifu.  SIGTERM while waiting gives up too.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ._console import PASS, run_line, run_local
+from ._control import ControlServer, EndpointError
+from ._decision import ABORT, Decision
+from ._events import CrashReport, CrashWaiting, InternalError, emit
+from ._queue import DecisionPatch
+from ._report import build as build_report
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+    from ._engine import Engine
+
+
+class _Terminated(BaseException):
+    pass
+
+
+class Waiter:
+    """An interactive patch source (``Engine.waiters``)."""
+
+    def __init__(self, console: bool, wait: float | None, endpoint: bool = True):
+        self.console = console
+        self.wait_s = wait  # None: forever; 0: do not wait without a console
+        self.endpoint = endpoint
+
+    def wait(self, crash: Crash, engine: Engine) -> str | None:
+        report = build_report(crash)
+        emit(CrashReport(where=report.where, title=report.title, statement=report.statement,
+                         traceback="".join(report.traceback), variables=report.variables,
+                         done_before=report.done_before, options=report.options))
+        status = {"pid": os.getpid(), "where": crash.where, "function": crash.function,
+                  "statement": crash.statement, "exc_type": type(crash.exception).__qualname__,
+                  "message": str(crash.exception)[:200], "since": time.time(),
+                  "argv": sys.argv[:], "console": self.console}
+        if self.console:
+            server = self._open(status, report.render(), local=True)
+            try:
+                console = run_local(crash, engine)
+            finally:
+                if server is not None:
+                    server.stop()
+            return "passed on by the console" if console.decision is PASS else None
+        if not self.wait_s:
+            return None
+        server = self._open(status, report.render(), local=False)
+        if server is None:
+            return "the control endpoint could not be opened (see daifu.internal_error)"
+        emit(CrashWaiting(where=crash.where, socket=server.path, pid=os.getpid(),
+                          wait_s=self.wait_s if self.wait_s is not None else -1))
+        sys.stderr.write(report.render() + "\n")
+        limit = "forever" if self.wait_s is None else f"up to {self.wait_s:g}s"
+        sys.stderr.write(f"daifu: waiting {limit} for a fix -- from another terminal: "
+                         f"python -m daifu attach {os.getpid()}\n")
+        sys.stderr.flush()
+        previous = self._trap_sigterm()
+        try:
+            return self._serve(crash, engine, server)
+        except _Terminated:
+            engine.queue.put(DecisionPatch(ABORT, origin="sigterm"))
+            return "SIGTERM while waiting"
+        finally:
+            server.stop()
+            self._restore_sigterm(previous)
+
+    def _serve(self, crash: Crash, engine: Engine, server: ControlServer) -> str | None:
+        deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
+        while True:
+            timeout = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if timeout <= 0:
+                return f"no fix within --wait {self.wait_s:g}s"
+            try:
+                req = server.requests.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            console, output = run_line(crash, engine, req.text, req.origin)
+            decision = console.decision
+            resumed = isinstance(decision, Decision) and decision is not ABORT \
+                or decision == "reload"
+            req.reply = {"ok": console.ok, "output": output, "resumed": bool(resumed),
+                         "decision": getattr(decision, "value", decision if isinstance(
+                             decision, str) else ("pass" if decision is PASS else None))}
+            req.done.set()
+            if decision is PASS:
+                return "passed on by an attached client"
+            if decision is not None:
+                return None
+            if deadline is not None:  # the wait bounds idleness, not a working session
+                deadline = time.monotonic() + self.wait_s
+
+    def _open(self, status, report, local: bool) -> ControlServer | None:
+        if not self.endpoint:
+            return None
+        server = ControlServer(status, report, console_is_local=local)
+        try:
+            server.start()
+        except (EndpointError, OSError) as exc:
+            emit(InternalError(where=status["where"], error=f"control endpoint: {exc}",
+                               traceback=""))
+            sys.stderr.write(f"daifu: cannot open the control endpoint: {exc}\n")
+            return None
+        return server
+
+    @staticmethod
+    def _trap_sigterm():
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            raise _Terminated()
+
+        return signal.signal(signal.SIGTERM, handler)
+
+    @staticmethod
+    def _restore_sigterm(previous) -> None:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
