@@ -37,3 +37,65 @@ def plain(source: str, name: str | None = None):
     return namespace
 
 
+
+
+class PtyProcess:
+    """A child process on a pseudo-terminal (stdin/stdout/stderr are a TTY)."""
+
+    def __init__(self, argv: list[str], cwd: str, env: dict | None = None):
+        import os
+        import pty
+        import subprocess
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
+                                     env=env, close_fds=True, start_new_session=True)
+        os.close(slave)
+        self.output = ""
+        self._pos = 0  # expect() searches after the previous match
+
+    def expect(self, text: str, timeout: float = 60.0) -> str:
+        """Read until ``text`` appears after the previous match; return the
+        output from the previous match up to here."""
+        import os
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while text not in self.output[self._pos:]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{text!r} not seen; output so far:\n{self.output}")
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise EOFError(f"{text!r} not seen before the end:\n{self.output}")
+                self.output += chunk.decode(errors="replace").replace("\r\n", "\n")
+        start = self._pos
+        self._pos = self.output.index(text, self._pos) + len(text)
+        return self.output[start:]
+
+    def send(self, line: str) -> None:
+        import os
+
+        os.write(self.master, (line + "\n").encode())
+
+    def wait(self, timeout: float = 60.0) -> int:
+        import os
+
+        try:
+            while True:  # drain so the child never blocks on a full terminal
+                self.expect("\x00never\x00", timeout=0.2)
+        except (TimeoutError, EOFError):
+            pass
+        code = self.proc.wait(timeout)
+        try:
+            self.expect("\x00never\x00", timeout=0.5)
+        except (TimeoutError, EOFError):
+            pass
+        os.close(self.master)
+        return code

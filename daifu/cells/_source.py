@@ -349,10 +349,11 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
     import difflib
 
     path = _path_to(old_scope, stmt)
-    if path is None:
+    if not path:
         return "the failing statement was not found in the old source"
     node_old, node_new = old_scope, new_scope
-    for name, bidx, i in path:
+    for depth, (name, bidx, i) in enumerate(path):
+        last = depth == len(path) - 1
         block_old, block_new = _block(node_old, name, bidx), _block(node_new, name, bidx)
         if block_new is None:
             return f"line {node_new.lineno}: the block holding the failing statement is gone"
@@ -361,7 +362,10 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
         j = None
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, keys_old, keys_new,
                                                            autojunk=False).get_opcodes():
-            if i1 <= i < i2 or (i1 == i2 == i):
+            if tag == "insert" and i1 == i and last:
+                j = j1  # lines added right before the failing statement run first
+                break
+            if i1 <= i < i2:
                 if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
                     j = j1 + (i - i1)
                 elif tag in ("replace", "delete") and j1 < len(block_new):

@@ -410,7 +410,7 @@ def _vaccinated_caller(frame: types.FrameType) -> bool:
 
 def _exec_in_frame(crash: Crash, code: str) -> None:
     try:
-        compiled = compile(code, f"<daifu exec at {crash.where}>", "exec")
+        compiled = compile(code, "<daifu exec>", "exec")
     except SyntaxError as err:
         raise PatchError(f"code does not compile: {err}") from None
     frame = crash.frame

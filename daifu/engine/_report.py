@@ -84,7 +84,7 @@ def build(crash: Crash, context: int = 3) -> Report:
         where=f"{crash.where} in {crash.function}()",
         statement=crash.statement,
         source=lines,
-        traceback=user_traceback(exc),
+        traceback=user_traceback(exc, crash._frame),
         variables=summarize_vars(crash),
         done_before=done_before(crash),
         options=options(crash),
@@ -100,11 +100,17 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def user_traceback(exc: BaseException) -> list[str]:
-    """The exception's traceback without daifu's own frames."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(_PKG + os.sep)]
-    return traceback.format_list(frames)
+def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> list[str]:
+    """The call stack of the crash -- the callers of the crashed frame, then the
+    exception's traceback from it -- without daifu's (or runpy's) frames."""
+    frames = traceback.extract_stack(frame.f_back) if frame is not None else []
+    frames += traceback.extract_tb(exc.__traceback__)
+    return traceback.format_list([f for f in frames if not _plumbing(f.filename)])
+
+
+def _plumbing(filename: str) -> bool:
+    return filename.startswith(_PKG + os.sep) or filename.startswith("<frozen runpy") \
+        or filename.endswith(os.sep + "runpy.py")
 
 
 def options(crash: Crash) -> list[str]:

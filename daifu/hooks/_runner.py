@@ -26,8 +26,8 @@ from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
 from . import _logging
 from ._config import Config, parse_wait
-from ._remote import COMMANDS
 from ._install import install
+from ._remote import COMMANDS
 
 USAGE = """\
 python -m daifu [options] script.py [args ...]

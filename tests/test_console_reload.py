@@ -1,0 +1,209 @@
+"""In-process tests of the report, console commands, reload and replay."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import textwrap
+
+import pytest
+
+import daifu
+from daifu.cells._source import ModuleSource, map_statement
+from daifu.engine import ENGINE
+from daifu.engine._console import run_line
+from daifu.engine._journal import Journal, Replay
+from daifu.engine._report import build, summarize
+
+torch = pytest.importorskip("torch", reason="PyTorch not available")
+
+
+def test_summaries_are_compact():
+    t = torch.tensor([[1.0, float("nan")], [3.0, -2.0]], requires_grad=True)
+    assert summarize(t) == "tensor(2, 2) float32 cpu requires_grad min=-2 max=3 HAS NaN"
+    assert summarize(torch.arange(5)) == "tensor(5,) int64 cpu min=0 max=4"
+    assert summarize(torch.nn.Linear(3, 2)) == "Linear module, 8 parameters, training=True"
+    assert summarize(list(range(100))).startswith("list of 100: [0, 1, 2, 3, 4, 5, ...]")
+
+    class Broken:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    assert "Broken" in summarize(Broken())  # a broken __repr__ does not break the report
+
+
+MODULE = '''
+def work(xs, log):
+    for x in xs:
+        log.append(x); y = 10 // x
+    return log
+
+class Net:
+    def scale(self, v):
+        return v * 2
+
+def use(net, xs):
+    out = []
+    for x in xs:
+        out.append(net.scale(x))
+    return out
+'''
+
+
+@pytest.fixture
+def module(tmp_path, monkeypatch):
+    path = tmp_path / "reload_target.py"
+    path.write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    daifu.install(modules="reload_target")
+    import reload_target
+
+    yield reload_target, path
+    daifu.uninstall()
+    sys.modules.pop("reload_target", None)
+
+
+def test_report_names_effects_done_before_the_failure(module):
+    mod, _ = module
+    reports = []
+
+    @daifu.on(ZeroDivisionError)
+    def look(crash):
+        reports.append(build(crash))
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        mod.work([0], [])
+    report = reports[0]
+    assert report.statement == "log.append(x); y = 10 // x" or report.statement == "y = 10 // x"
+    text = report.render()
+    assert "ZeroDivisionError: integer division or modulo by zero" in text
+    assert "options: retry; skip (continue after the statement)" in text
+
+
+def test_console_commands_in_process(module):
+    mod, _ = module
+    transcript = []
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        for line in ["vars", "p x + 1", "!x = 5", "exec\nlog.append('patched')\n", "bogus",
+                     "p undefined", "retry"]:
+            c, out = run_line(crash, ENGINE, line, "test")
+            transcript.append((line.split("\n")[0], c.ok, out.strip(), c.decision))
+        return None  # the console queued the decision
+
+    assert mod.work([0], []) == [0, "patched"]
+    by_cmd = {cmd: (ok, out, decision) for cmd, ok, out, decision in transcript}
+    assert by_cmd["vars"][0] and "x = 0" in by_cmd["vars"][1]
+    assert by_cmd["p x + 1"] == (True, "1", None)
+    assert by_cmd["bogus"][0] is False and "unknown command" in by_cmd["bogus"][1]
+    assert by_cmd["p undefined"][0] is False and "NameError" in by_cmd["p undefined"][1]
+    assert by_cmd["retry"][2] is daifu.RETRY
+
+
+def test_reload_changes_functions_everywhere_and_reports(module):
+    mod, path = module
+    net = mod.Net()
+    bound = net.scale
+    path.write_text(MODULE.replace("return v * 2", "return v * 3")
+                    + "\ndef helper():\n    return 'new'\n")
+    results = []
+
+    @daifu.on(ZeroDivisionError)
+    def reload_now(crash):
+        return daifu.RELOAD
+
+    @daifu.on(Exception)
+    def record(crash):  # not reached: the reload rule decided
+        results.append(crash)
+
+    # a crash anywhere triggers the rule; the reload applies to the whole file
+    with pytest.raises(ZeroDivisionError):
+        mod.work([0], [])  # work() itself did not change: retried in old code, fails again
+    assert bound(2) == 6 and net.scale(1) == 3
+    assert mod.helper() == "new"
+
+
+def test_reload_syntax_error_changes_nothing(module):
+    mod, path = module
+    path.write_text(MODULE.replace("return v * 2", "return v * (3"))
+    errors = []
+
+    @daifu.on(ZeroDivisionError)
+    def reload_now(crash):
+        from daifu.engine._queue import ReloadPatch
+
+        try:
+            ENGINE.submit(ReloadPatch(), crash)
+        except daifu.PatchError as err:
+            errors.append(str(err))
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        mod.work([0], [])
+    assert errors and "nothing was changed" in errors[0]
+    assert mod.Net().scale(1) == 2
+
+
+def _scope(src: str):
+    msrc = ModuleSource(textwrap.dedent(src), "m.py")
+    fn = msrc.tree.body[0]
+    return msrc, fn
+
+
+OLD = '''
+def train(data):
+    total = 0
+    for x in data:
+        y = 10 // x
+        total += y
+    return total
+'''
+
+
+@pytest.mark.parametrize("new,expected", [
+    (OLD.replace("y = 10 // x", "y = 10 // (x + 1)"), "y = 10 // (x + 1)"),
+    (OLD.replace("    total = 0\n", "    total = 0\n    extra = 1\n"), "y = 10 // x"),
+    (OLD.replace("        y = 10 // x\n", "        x = x or 1\n        y = 10 // x\n"),
+     "x = x or 1"),
+])
+def test_statement_mapping(new, expected):
+    old_msrc, old_fn = _scope(OLD)
+    new_msrc, new_fn = _scope(new)
+    stmt = old_fn.body[1].body[0]
+    mapped = map_statement(old_msrc, old_fn, stmt, new_msrc, new_fn)
+    assert not isinstance(mapped, str), mapped
+    assert ast.unparse(mapped) == expected
+
+
+def test_statement_mapping_refuses_a_changed_structure():
+    old_msrc, old_fn = _scope(OLD)
+    new_msrc, new_fn = _scope(OLD.replace("    for x in data:", "    while data:\n        x = 1"))
+    stmt = old_fn.body[1].body[0]
+    reason = map_statement(old_msrc, old_fn, stmt, new_msrc, new_fn)
+    assert isinstance(reason, str) and "changed from For to While" in reason
+
+
+def test_journal_records_and_replay_matches_by_statement(tmp_path, module):
+    mod, _ = module
+    path = tmp_path / "j.jsonl"
+    ENGINE.journal = Journal(str(path))
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        crash.exec("x = 2")
+        return daifu.RETRY
+
+    assert mod.work([0], []) == [0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["crash", "patch", "patch"]
+    assert records[1]["code"] == "x = 2" and records[2]["decision"] == "retry"
+
+    ENGINE.reset()
+    ENGINE.replay = Replay(str(path))
+    assert mod.work([0], []) == [0]  # replayed: no rule registered now
+    ENGINE.reset()
+    with pytest.raises(ZeroDivisionError):  # the journal entry was used up
+        mod.work([0], [])

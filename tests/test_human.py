@@ -1,0 +1,358 @@
+"""The human recovery loop: report, console (on a pseudo-terminal), live
+reload, headless attach over the control socket, journal and replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .support import PtyProcess
+
+torch = pytest.importorskip("torch", reason="PyTorch not available")
+pytestmark = pytest.mark.slow
+
+TRAIN = textwrap.dedent('''
+    import sys
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(7)
+    train_data = [(torch.randn(32, 12, generator=g), torch.randint(0, 4, (32,), generator=g))
+                  for _ in range(8)]
+    test_data = [(torch.randn(16, 12, generator=g), torch.randint(0, 4, (16,), generator=g))
+                 for _ in range(2)]
+    SCALES = {0: 1.0, 1: 0.5, 2: 0.5}
+
+
+    def test(model):
+        correct = 0
+        with torch.no_grad():
+            for x, y in test_data:
+                correct += (model(x).argmax(1) == y).sum().item()
+        return correct
+
+
+    def train(model, opt, epochs):
+        for epoch in range(epochs):
+            scale = SCALES[epoch]
+            for x, y in train_data:
+                loss = F.cross_entropy(model(x), y) * scale
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            print(f"epoch {epoch} correct {test(model)}", flush=True)
+
+
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, 3)
+    torch.save(model.state_dict(), sys.argv[1])
+    print("done", flush=True)
+''')
+
+
+def python():
+    return [sys.executable]
+
+
+def env():
+    return {**os.environ, "PYTHONHASHSEED": "0"}
+
+
+def reference(tmp_path: Path, source: str) -> dict:
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir(exist_ok=True)
+    script = ref_dir / "train_ref.py"
+    script.write_text(source)
+    proc = subprocess.run([*python(), str(script), "final.pt"], cwd=ref_dir, capture_output=True,
+                          text=True, timeout=300, env=env())
+    assert proc.returncode == 0, proc.stderr
+    return torch.load(ref_dir / "final.pt", weights_only=True)
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- console on a pseudo-terminal ---------------------------------------------------------
+
+BUGGY_SCALE = TRAIN.replace("SCALES = {0: 1.0, 1: 0.5, 2: 0.5}",
+                           "SCALES = {0: 1.0, 1: None, 2: 0.5}")
+
+
+def test_console_on_a_terminal_fixes_a_variable_and_retries(tmp_path):
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    journal = tmp_path / "session.jsonl"
+    p = PtyProcess([*python(), "-m", "daifu", "--journal", str(journal), "--log",
+                    str(tmp_path / "log.jsonl"), str(script), "final.pt"], cwd=str(tmp_path),
+                   env=env())
+    out = p.expect("(daifu) ")
+    # the report: exception, the statement in context, callers, variables, options
+    assert "TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'" in out
+    assert "-->" in out and "loss = F.cross_entropy(model(x), y) * scale" in out
+    assert 'train(model, opt, 3)' in out  # the caller is in the traceback
+    assert re.search(r"scale\s+= None", out)
+    assert re.search(r"x\s+= tensor\(32, 12\) float32 cpu min=\S+ max=\S+", out)
+    assert "Sequential module, 276 parameters" in out
+    assert "mutating call" not in out  # nothing done before the failing operator
+    p.send("vars")
+    assert "epoch = 1" in p.expect("epoch = 1")
+    p.send("!scale = 0.5")
+    p.expect("(daifu) ")
+    p.send("p scale * 2")
+    p.expect("1.0")
+    p.send("retry")
+    p.expect("done", timeout=120)
+    assert p.wait() == 0
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    records = read_events(journal)
+    assert os.stat(journal).st_mode & 0o777 == 0o600
+    patches = [r for r in records if r["type"] == "patch"]
+    assert [(r["kind"], r["origin"]) for r in patches] == [("exec", "console"),
+                                                           ("decision", "console")]
+    assert patches[0]["code"] == "scale = 0.5"
+
+    # the same buggy script again, with the journal: no human needed
+    (tmp_path / "again").mkdir()
+    again = subprocess.run([*python(), "-m", "daifu", "--replay", str(journal), str(script),
+                            "final.pt"], cwd=tmp_path / "again", capture_output=True, text=True,
+                           timeout=300, env=env())
+    assert again.returncode == 0, again.stderr
+    assert_identical(torch.load(tmp_path / "again" / "final.pt", weights_only=True), ref)
+
+
+def test_console_bad_input_keeps_the_job_waiting(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    p = PtyProcess([*python(), "-m", "daifu", "--log", str(tmp_path / "log.jsonl"), str(script),
+                    "final.pt"], cwd=str(tmp_path), env=env())
+    p.expect("(daifu) ")
+    p.send("frobnicate")
+    assert "unknown command 'frobnicate'" in p.expect("type help")
+    p.send("!scale = = 2")
+    p.expect("code does not compile")
+    p.send("!scale = undefined_name")
+    p.expect("NameError")
+    p.send("p 1/0")
+    p.expect("ZeroDivisionError")
+    p.send("next")  # continue: inside with/loops? here it is allowed
+    p.expect("(daifu) ")
+    p.send("abort")
+    assert p.wait() == 1
+    assert "TypeError: unsupported operand" in p.output
+
+
+# -- reload ---------------------------------------------------------------------------------
+
+def start_headless(tmp_path: Path, script: Path, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [*python(), "-m", "daifu", "--wait", "120", "--log", str(tmp_path / "log.jsonl"),
+         "--journal", str(tmp_path / "journal.jsonl"), *extra, str(script), "final.pt"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    sock = Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{proc.pid}.sock"
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out, err = proc.communicate()
+            raise AssertionError(f"the job did not wait on a crash:\n{out}\n{err}")
+        time.sleep(0.1)
+    return proc
+
+
+def daifu_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*python(), "-m", "daifu", *args], capture_output=True, text=True,
+                          timeout=120, env=env())
+
+
+SHAPE_BUG_IN_TEST = TRAIN.replace(
+    "correct += (model(x).argmax(1) == y).sum().item()",
+    "correct += (model(x.t()).argmax(1) == y).sum().item()")
+
+
+def test_reload_fixes_an_inactive_function(tmp_path):
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(SHAPE_BUG_IN_TEST)
+    proc = start_headless(tmp_path, script)
+    listing = daifu_cli("ps")
+    assert str(proc.pid) in listing.stdout and "RuntimeError" in listing.stdout
+    script.write_text(TRAIN)  # the developer fixes test() in their editor
+    sent = daifu_cli("send", str(proc.pid), "reload")
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "changed  train.py: test()" in sent.stdout
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+
+
+ACTIVE_BUG = TRAIN.replace("loss = F.cross_entropy(model(x), y) * scale",
+                           "loss = F.cross_entropy(model(x), y.float()) * scale")
+
+
+def test_reload_continues_the_running_training_loop_in_new_code(tmp_path):
+    """The wrong statement is inside the running batch loop of train(): the
+    loop continues in the edited code with its iterators and variables."""
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(ACTIVE_BUG)
+    proc = start_headless(tmp_path, script)
+    script.write_text(TRAIN)
+    sent = daifu_cli("send", str(proc.pid), "reload")
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "running: continues in the new code at line" in sent.stdout
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert out.count("epoch") == 3
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    events = read_events(tmp_path / "log.jsonl")
+    assert [e["action"] for e in events if e["event"] == "crash.resumed"] == ["reload"]
+    journal = read_events(tmp_path / "journal.jsonl")
+    reload_record = next(r for r in journal if r.get("kind") == "reload")
+    diff = "".join(reload_record["diff"].values()).splitlines()
+    assert "-            loss = F.cross_entropy(model(x), y.float()) * scale" in diff
+    assert "+            loss = F.cross_entropy(model(x), y) * scale" in diff
+
+
+def test_reload_with_a_syntax_error_changes_nothing(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(ACTIVE_BUG)
+    proc = start_headless(tmp_path, script)
+    script.write_text(ACTIVE_BUG.replace("def test(model):", "def test(model:"))
+    bad = daifu_cli("send", str(proc.pid), "reload")
+    assert bad.returncode == 2
+    assert "nothing was changed" in bad.stdout
+    still = daifu_cli("send", str(proc.pid), "p scale")
+    assert still.returncode == 1 and still.stdout.strip() == "1.0"  # the job kept its state
+    script.write_text(TRAIN)
+    assert daifu_cli("send", str(proc.pid), "reload").returncode == 0
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+
+
+# -- headless attach ---------------------------------------------------------------------------
+
+def test_headless_exec_and_retry_from_another_process(tmp_path):
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    assert daifu_cli("send", str(proc.pid), "exec", "scale = 0.5").returncode == 1  # still waits
+    assert daifu_cli("send", str(proc.pid), "bogus").returncode == 2
+    assert daifu_cli("send", str(proc.pid), "exec", "scale = = 1").returncode == 2
+    retry = daifu_cli("send", str(proc.pid), "retry")
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    waiting = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "crash.waiting"]
+    assert waiting and waiting[0]["socket"].endswith(f"{proc.pid}.sock")
+
+
+def test_wait_expiry_exits_like_without_daifu(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    plain = subprocess.run([*python(), str(script), "final.pt"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env())
+    under = subprocess.run([*python(), "-m", "daifu", "--wait", "1", "--log",
+                            str(tmp_path / "log.jsonl"), str(script), "final.pt"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env())
+    assert under.returncode == plain.returncode == 1
+    tb = plain.stderr[plain.stderr.index("Traceback"):]
+    assert under.stderr.endswith(tb)
+    gave_up = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "crash.gave_up"]
+    assert gave_up[0]["reason"] == "no fix within --wait 1s"
+
+
+def test_sigterm_while_waiting_ends_the_job(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.rstrip().splitlines()[-1].startswith("TypeError: unsupported operand")
+    gave_up = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "crash.gave_up"]
+    assert gave_up[0]["reason"] == "aborted by a fix"
+    assert any(e["event"] == "patch.applied" and e["origin"] == "sigterm"
+               for e in read_events(tmp_path / "log.jsonl"))
+
+
+def test_attach_to_a_pid_that_is_not_waiting():
+    proc = daifu_cli("send", str(os.getpid()), "retry")
+    assert proc.returncode == 3
+    assert "no daifu job with pid" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a second user-id: not "
+                    "available")
+def test_another_user_is_refused(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    sock = Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{proc.pid}.sock"
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    # open the file-system permissions so that only the peer-credential check is left
+    opened = [p for p in (sock.parent, *sock.parent.parents) if p.stat().st_mode & 0o001 == 0]
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in opened}
+    for p in opened:
+        os.chmod(p, modes[p] | 0o011)
+    os.chmod(sock, 0o666)
+    try:
+        code = textwrap.dedent(f'''
+            import json, os, socket
+            os.setgid(65534); os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect({str(sock)!r})
+            s.sendall(b'{{"op": "send", "cmd": "exec open(\\'/tmp/pwned\\', \\'w\\')"}}\\n')
+            print(s.recv(65536).decode())
+        ''')
+        other = subprocess.run([*python(), "-c", code], capture_output=True, text=True,
+                               timeout=60)
+        assert "permission denied: peer uid 65534" in other.stdout, other.stderr
+        assert not Path("/tmp/pwned").exists()
+    finally:
+        for p, mode in modes.items():
+            os.chmod(p, mode)
+    assert daifu_cli("send", str(proc.pid), "abort").returncode == 1
+    proc.communicate(timeout=60)
+
+
+def test_insecure_runtime_directory_is_refused(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = subprocess.run(
+        [*python(), "-m", "daifu", "--wait", "30", "--log", str(tmp_path / "log.jsonl"),
+         str(script), "final.pt"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**env(), "DAIFU_RUNTIME_DIR": str(loose)}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1  # gave up at once instead of listening in a public place
+    assert "refusing to use it" in proc.stderr
+    assert not list(loose.iterdir())
+    listing = subprocess.run([*python(), "-m", "daifu", "ps"], capture_output=True, text=True,
+                             env={**env(), "DAIFU_RUNTIME_DIR": str(loose)}, timeout=60)
+    assert listing.returncode == 3 and "refusing to use it" in listing.stderr
