@@ -1,0 +1,314 @@
+"""The crash benchmark: every case recovered in situ and proved exact.
+
+    python -m tests.scenarios.run                  # all cases, prints the table
+    python -m tests.scenarios.run --fast           # the CI subset
+    python -m tests.scenarios.run --table docs/benchmark.md   # rewrite the doc's table
+
+Each case folder holds ``case.json`` (metadata), ``buggy.py`` (crashes
+mid-run), ``corrected.py`` (the fixed program, the reference) or
+``reference.py`` (for skip semantics: the same work skipped explicitly), and
+its in-situ fix: ``fix.py`` (rules, possibly editing the source and
+returning ``daifu.RELOAD``) and/or ``session.txt`` (console commands sent
+over the control socket, one per line, as a person would type them).
+
+For every case the runner checks that the crash was intercepted at the
+expected statement with the expected exception, that the fix was applied and
+the run finished, and compares the final parameters with the reference run
+bit for bit.  It also measures the restore time the paper's way -- from the
+exception to the end of the crashing iteration -- against restarting from
+scratch: a fresh process of the corrected program up to the end of the same
+iteration (the reference run provides it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    meta: dict
+
+    @property
+    def fast(self) -> bool:
+        return bool(self.meta.get("fast"))
+
+
+@dataclass
+class Result:
+    name: str
+    scenario: str
+    family: str
+    exception: str
+    patch: str
+    recovered: bool = False
+    exact: bool | None = None
+    restore_ms: float | None = None
+    restart_s: float | None = None
+    ratio: float | None = None
+    statement: str = ""
+    problems: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def load_cases(names: list[str] | None = None, fast: bool = False) -> list[Case]:
+    cases = []
+    for meta_path in sorted(HERE.glob("*/case.json")):
+        meta = json.loads(meta_path.read_text())
+        case = Case(meta_path.parent.name, meta_path.parent, meta)
+        if names and case.name not in names:
+            continue
+        if fast and not case.fast and not names:
+            continue
+        cases.append(case)
+    return cases
+
+
+def _env(log: Path) -> dict:
+    env = dict(os.environ, PYTHONHASHSEED="0", DAIFU_BENCH_LOG=str(log))
+    env.pop("DAIFU_MODULES", None)
+    return env
+
+
+def _iterations(path: Path) -> list[tuple[str, float]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        tag, _, stamp = line.rpartition("\t")
+        out.append((tag, float(stamp)))
+    return out
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _stamp(event: dict) -> float:
+    return dt.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def _load(path: Path):
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def _identical(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> list[dict]:
+    from daifu.engine._control import request
+
+    sock = Path(os.environ.get("DAIFU_RUNTIME_DIR", "")) / f"{proc.pid}.sock"
+    replies = []
+    deadline = time.monotonic() + timeout
+    for line in lines:
+        while True:  # the endpoint exists only while a crash waits
+            if proc.poll() is not None:
+                return replies
+            if time.monotonic() > deadline:
+                raise TimeoutError("the job never waited on a crash")
+            try:
+                if sock.exists():
+                    reply = request(proc.pid, {"op": "send", "cmd": line.replace("\\n", "\n")},
+                                    timeout=timeout)
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        replies.append(reply)
+    return replies
+
+
+def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
+    meta = case.meta
+    res = Result(case.name, meta["scenario"], meta["family"], meta["exception"], meta["patch"],
+                 note=meta.get("note", ""))
+    work = workdir / case.name
+    for side in ("reference", "live"):  # separate trees: runs leave files behind
+        shutil.copytree(case.path, work / side / case.name)
+        shutil.copy(HERE / "_common.py", work / side / "_common.py")
+    rdir, cdir = work / "reference" / case.name, work / "live" / case.name
+    args = meta.get("args", [])
+    reference = meta.get("reference", "corrected.py")
+
+    # 1. the reference: a fresh process of the corrected program (also the restart baseline)
+    ref_log = work / "reference.iter"
+    started = time.time()
+    ref = subprocess.run([sys.executable, reference, "--out", "reference.pt", *args], cwd=rdir,
+                         capture_output=True, text=True, timeout=timeout, env=_env(ref_log))
+    if ref.returncode != 0:
+        res.problems.append(f"reference run failed: {ref.stderr[-1500:]}")
+        return res
+    ref_iters = [(tag, t - started) for tag, t in _iterations(ref_log)]
+
+    # 2. the buggy program under daifu, with its fix
+    live_log, events_path = work / "live.iter", work / "events.jsonl"
+    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), "--journal",
+           str(work / "journal.jsonl")]
+    if (cdir / "fix.py").exists():
+        cmd += ["--fixes", "fix.py"]
+    session = (cdir / "session.txt").read_text().splitlines() if (cdir / "session.txt").exists() \
+        else []
+    if session:
+        cmd += ["--wait", "60"]
+    cmd += ["buggy.py", "--out", "live.pt", *args]
+    proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, env=_env(live_log))
+    replies = []
+    try:
+        if session:
+            replies = _run_session(proc, [s for s in session if s.strip()], timeout)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = _events(events_path)
+    crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    if proc.returncode != 0:
+        res.problems.append(f"the run under daifu failed (exit {proc.returncode}): {err[-2000:]}")
+    if not crashes:
+        res.problems.append("no crash was intercepted")
+        return res
+    first = crashes[0]
+    res.statement = first["statement"]
+    if first["exc_type"] != meta["exception"]:
+        res.problems.append(f"intercepted {first['exc_type']}, expected {meta['exception']}")
+    if meta["statement"] not in first["statement"] or first["function"] != meta["function"]:
+        res.problems.append(f"intercepted at {first['function']}: {first['statement']!r}, expected "
+                            f"{meta['function']}: {meta['statement']!r}")
+    if not [e for e in events if e["event"] == "patch.applied"]:
+        res.problems.append("no patch was applied")
+    if [e for e in events if e["event"] == "crash.gave_up"]:
+        res.problems.append("daifu gave up on a crash")
+    for reply in replies:
+        if not reply.get("ok"):
+            res.problems.append(f"session command failed: {reply}")
+    res.recovered = proc.returncode == 0 and bool(
+        [e for e in events if e["event"] == "crash.resumed"])
+    if meta.get("mutating_call"):
+        reports = [e for e in events if e["event"] == "crash.report"]
+        said = " ".join(x for r in reports for x in r.get("done_before", []))
+        if meta["mutating_call"] not in said:
+            res.problems.append(f"the report did not warn about {meta['mutating_call']!r}: {said!r}")
+
+    # 3. proof: bit-identical parameters
+    if (cdir / "live.pt").exists():
+        res.exact = _identical(_load(cdir / "live.pt"), _load(rdir / "reference.pt"))
+        if not res.exact and meta.get("exact", True):
+            res.problems.append("final parameters differ from the reference run")
+    else:
+        res.problems.append("the run under daifu saved no parameters")
+
+    # 4. a blind retry would have been wrong (non-idempotent cases)
+    if meta.get("blind_fix"):
+        shutil.rmtree(cdir)
+        shutil.copytree(case.path, cdir)
+        blind = subprocess.run([sys.executable, "-m", "daifu", "--log", str(work / "blind.jsonl"),
+                                "--fixes", meta["blind_fix"], "buggy.py", "--out", "blind.pt",
+                                *args], cwd=cdir, capture_output=True, text=True,
+                               timeout=timeout, env=_env(work / "blind.iter"))
+        if blind.returncode != 0:
+            res.problems.append(f"the blind-retry run failed: {blind.stderr[-1000:]}")
+        elif _identical(_load(cdir / "blind.pt"), _load(rdir / "reference.pt")):
+            res.problems.append("a blind retry gave the exact result too: not a non-idempotent case")
+
+    # 5. restore time vs restart from scratch
+    crash_t = _stamp(first)
+    live_iters = _iterations(live_log)
+    after = [(tag, t) for tag, t in live_iters if t >= crash_t]
+    ref_tags = dict(ref_iters)
+    for tag, t in after:
+        if tag in ref_tags:
+            res.restore_ms = round((t - crash_t) * 1000.0, 1)
+            res.restart_s = round(ref_tags[tag], 2)
+            res.ratio = round(res.restart_s * 1000.0 / max(res.restore_ms, 0.1), 0)
+            break
+    else:
+        res.problems.append("no iteration finished after the crash in both runs")
+    return res
+
+
+TABLE_START = "<!-- scenario-table:start -->"
+TABLE_END = "<!-- scenario-table:end -->"
+
+
+def table(results: list[Result]) -> str:
+    lines = [
+        "| case | scenario | family | exception | patch | recovered | exact | restore (ms) "
+        "| restart (s) | ratio |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        exact = {True: "yes", False: "no", None: "-"}[r.exact]
+        lines.append(
+            f"| {r.name} | {r.scenario} | {r.family} | {r.exception} | {r.patch} | "
+            f"{'yes' if r.recovered else 'NO'} | {exact} | {r.restore_ms} | {r.restart_s} | "
+            f"{r.ratio:.0f}x |" if r.ratio is not None else
+            f"| {r.name} | {r.scenario} | {r.family} | {r.exception} | {r.patch} | "
+            f"{'yes' if r.recovered else 'NO'} | {exact} | - | - | - |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.scenarios.run",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="*", help="case names (default: all)")
+    parser.add_argument("--fast", action="store_true", help="only the cases marked fast (CI)")
+    parser.add_argument("--table", metavar="FILE", help="rewrite the table in this Markdown file")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ns = parser.parse_args(argv)
+    cases = load_cases(ns.cases, ns.fast)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="daifu-scenarios-") as tmp:
+        os.environ.setdefault("DAIFU_RUNTIME_DIR", os.path.join(tmp, "run"))
+        os.makedirs(os.environ["DAIFU_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+        os.environ.setdefault("XDG_STATE_HOME", os.path.join(tmp, "state"))
+        for case in cases:
+            t0 = time.monotonic()
+            result = run_case(case, Path(tmp))
+            results.append(result)
+            status = "ok " if result.ok else "FAIL"
+            print(f"{status} {case.name:32s} {time.monotonic() - t0:5.1f}s  restore "
+                  f"{result.restore_ms} ms  restart {result.restart_s} s  "
+                  f"{'; '.join(result.problems)}", flush=True)
+    print()
+    print(table(results))
+    if ns.json:
+        Path(ns.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if ns.table:
+        doc = Path(ns.table)
+        text = doc.read_text()
+        start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+        doc.write_text(text[:start] + "\n" + table(results) + "\n" + text[end:])
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())

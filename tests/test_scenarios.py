@@ -1,0 +1,41 @@
+"""The crash benchmark (tests/scenarios/): every case recovered and proved.
+
+The full run with the restore-time table is ``python -m tests.scenarios.run``
+(see docs/benchmark.md); this suite runs the same proof per case.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch not available")
+
+from .scenarios.run import load_cases, run_case  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CASES = load_cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_recovered_in_situ_and_exact(case, tmp_path):
+    result = run_case(case, tmp_path)
+    assert result.ok, "\n".join(result.problems)
+    assert result.recovered
+    if case.meta.get("exact", True):
+        assert result.exact
+    assert result.restore_ms is not None and result.restart_s is not None
+
+
+def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
+    scenarios = {c.meta["scenario"] for c in CASES}
+    assert scenarios >= {"API misuse", "tensor mismatch", "out of memory", "device contention",
+                         "path problem", "exceptional data", "non-deterministic runtime error"}
+    assert {c.meta["family"] for c in CASES} == {"vision CNN", "language model",
+                                                 "reinforcement learning"}
+    patches = " ".join(c.meta["patch"] for c in CASES)
+    for kind in ("retry", "exec", "replace", "edit running loop", "skip"):
+        assert kind in patches, kind
+    assert len(CASES) >= 16
+    assert any(c.meta.get("mutating_call") for c in CASES)  # a non-idempotent case
+    loader = [c for c in CASES if c.meta.get("loader_workers") is not None]
+    assert {c.meta["loader_workers"] for c in loader} >= {0, 2}
