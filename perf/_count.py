@@ -1,0 +1,43 @@
+"""Run one workload once, for instruction counting under callgrind:
+``python perf/_count.py WORKLOAD plain|vaccinated N``.
+
+Both modes import and compile the same things; only the code run differs, so
+the difference of two runs with different N isolates the loop itself."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    workload, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    import workloads
+
+    if workload.startswith("train-"):
+        import torch
+
+        torch.set_num_threads(1)
+        plain, vacc = workloads.compile_both(workloads.TRAINING, "training")
+        ns = workloads.load(vacc if mode == "vaccinated" else plain)
+        kind = workload.split("-", 1)[1]
+        data = ns["make_data"](kind, n, 16)
+        model = ns["make_model"](kind)
+        ns["train"](model, data)
+    elif workload == "module-level":
+        import torch
+
+        torch.set_num_threads(1)
+        plain, vacc = workloads.compile_both(workloads.MODULE_LEVEL, "module_level", True)
+        workloads.load(vacc if mode == "vaccinated" else plain, STEPS=n)
+    else:
+        plain, vacc = workloads.compile_both(workloads.TIGHT, "tight")
+        ns = workloads.load(vacc if mode == "vaccinated" else plain)
+        ns[workload](n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Shared machinery of the performance harness.
+
+* ``interleaved(a, b)`` times two callables alternately (ABBA order) in one
+  process and returns the median-based ratio -- the comparison these noisy,
+  shared machines allow.  pytest-benchmark reports each variant as well.
+* Targets are asserted only when ``DAIFU_PERF_ASSERT=1`` (``make bench``);
+  the CI smoke run (``--benchmark-disable``) checks that the harness works.
+* Every number goes into ``RESULTS``; with ``DAIFU_PERF_REPORT=FILE`` the
+  session rewrites the results table in that Markdown file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+RESULTS: list[dict] = []
+ASSERT = os.environ.get("DAIFU_PERF_ASSERT") == "1"
+FULL = ASSERT or os.environ.get("DAIFU_PERF_FULL") == "1"
+
+
+def size(full, smoke):
+    """Workload size: full for `make bench`, tiny for the smoke run."""
+    return full if FULL else smoke
+
+
+def record(section: str, name: str, value, unit: str, target: str = "", note: str = "") -> None:
+    RESULTS.append({"section": section, "name": name, "value": value, "unit": unit,
+                    "target": target, "note": note})
+
+
+def interleaved(plain, vaccinated, rounds: int) -> tuple[float, float, float]:
+    """Median seconds of each, alternating ABBA; returns (plain, vacc, overhead)."""
+    a, b = [], []
+    plain()
+    vaccinated()  # warm-up (quickening, caches)
+    for r in range(rounds):
+        order = ((plain, a), (vaccinated, b)) if r % 2 == 0 else ((vaccinated, b), (plain, a))
+        for fn, acc in order:
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    pa, pb = statistics.median(a), statistics.median(b)
+    return pa, pb, pb / pa - 1.0
+
+
+@pytest.fixture
+def perf_assert():
+    return ASSERT
+
+
+TABLE_START = "<!-- perf-table:start -->"
+TABLE_END = "<!-- perf-table:end -->"
+
+
+def _render() -> str:
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
+             f"{os.cpu_count()} cores, Python {platform.python_version()}.", ""]
+    section = None
+    for row in RESULTS:
+        if row["section"] != section:
+            section = row["section"]
+            lines += ["", f"**{section}**", "", "| measurement | value | target | note |",
+                      "|---|---:|---|---|"]
+        value = row["value"]
+        shown = f"{value:+.2%}" if row["unit"] == "ratio" else (
+            f"{value:.3g} {row['unit']}" if isinstance(value, float) else f"{value} {row['unit']}")
+        lines.append(f"| {row['name']} | {shown} | {row['target']} | {row['note']} |")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if RESULTS:
+        terminalreporter.write_sep("=", "daifu performance")
+        terminalreporter.write_line(_render())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not RESULTS:
+        return
+    out = os.environ.get("DAIFU_PERF_JSON")
+    if out:
+        Path(out).write_text(json.dumps(RESULTS, indent=1))
+    report = os.environ.get("DAIFU_PERF_REPORT")
+    if report and exitstatus == 0:
+        doc = Path(report)
+        text = doc.read_text()
+        start = text.index(TABLE_START) + len(TABLE_START)
+        end = text.index(TABLE_END)
+        doc.write_text(text[:start] + "\n" + _render() + "\n" + text[end:])

@@ -1,0 +1,63 @@
+"""Vision CNN: from epoch 1 the model is evaluated after every epoch; the
+evaluation stages the logits in a preallocated scratch buffer of 1 << 20
+float32 elements (4 MiB) (corrected)."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.nn.functional as F
+from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinism
+from torch.utils.data import DataLoader
+
+
+def train_epoch(model, loader, opt, epoch):
+    model.train()
+    for step, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iteration_done(f"train {epoch} {step}")
+
+
+def evaluate(model, loader, epoch):
+    model.eval()
+    chunk_elems = 1 << 20
+    chunk = torch.empty(chunk_elems)
+    n = len(loader.dataset)
+    logits = chunk[: n * 10].view(n, 10)
+    start = 0
+    with torch.no_grad():
+        for step, (x, y) in enumerate(loader):
+            logits[start : start + len(y)] = model(x)
+            start += len(y)
+            iteration_done(f"eval {epoch} {step}")
+    targets = torch.cat([y for _, y in loader])
+    return F.cross_entropy(logits, targets).item()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    setup_determinism()
+    train_loader = DataLoader(mnist_like(512), batch_size=64, shuffle=True,
+                              generator=torch.Generator().manual_seed(0))
+    val_loader = DataLoader(mnist_like(256, seed=2), batch_size=64)
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+    for epoch in range(3):
+        train_epoch(model, train_loader, opt, epoch)
+        if epoch >= 1:
+            sched.step(evaluate(model, val_loader, epoch))
+        iteration_done(f"epoch {epoch}")
+    save(model, args.out)
+
+
+if __name__ == "__main__":
+    main()

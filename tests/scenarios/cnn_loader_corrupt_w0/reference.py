@@ -1,0 +1,70 @@
+"""Vision CNN: each epoch streams a fresh shard of records, decoded by the
+Dataset on access.  Record 100 of shard 1 cannot be decoded: __getitem__
+raises.  The reference skips the batch that holds it explicitly: its loader
+is given the batches without that one."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.nn.functional as F
+from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinism
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
+
+CORRUPT_SHARD, CORRUPT_RECORD = 1, 100
+WORKERS = 0
+
+
+class RecordShard(Dataset):
+    """One shard of records; a corrupt record fails to decode."""
+
+    def __init__(self, k):
+        self.records = mnist_like(256, seed=10 + k)
+        self.corrupt = {CORRUPT_RECORD} if k == CORRUPT_SHARD else set()
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        if i in self.corrupt:
+            raise ValueError(f"corrupt sample {i}: the record cannot be decoded")
+        return self.records[i]
+
+
+def make_loader(shard):
+    batches = [b for b in BatchSampler(SequentialSampler(shard), 32, drop_last=False)
+               if not shard.corrupt.intersection(b)]  # skip the batch with the corrupt record
+    return DataLoader(shard, batch_sampler=batches, num_workers=WORKERS,
+                      persistent_workers=False)
+
+
+def train_epoch(model, loader, opt, epoch):
+    model.train()
+    step = 0
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iteration_done(f"train {epoch} {step}")
+        step += 1
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    setup_determinism()
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for epoch in range(3):
+        train_epoch(model, make_loader(RecordShard(epoch)), opt, epoch)
+        iteration_done(f"epoch {epoch}")
+    save(model, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Vision CNN: each epoch streams a fresh shard of records, decoded by the
+Dataset on access.  Record 100 of shard 1 cannot be decoded: __getitem__
+raises in a worker process; the DataLoader (num_workers=2) re-raises it in
+the main process, from the ``for`` header of the training loop in epoch 1,
+when the failed batch is reached."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.nn.functional as F
+from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinism
+from torch.utils.data import DataLoader, Dataset
+
+CORRUPT_SHARD, CORRUPT_RECORD = 1, 100
+WORKERS = 2
+
+
+class RecordShard(Dataset):
+    """One shard of records; a corrupt record fails to decode."""
+
+    def __init__(self, k):
+        self.records = mnist_like(256, seed=10 + k)
+        self.corrupt = {CORRUPT_RECORD} if k == CORRUPT_SHARD else set()
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        if i in self.corrupt:
+            raise ValueError(f"corrupt sample {i}: the record cannot be decoded")
+        return self.records[i]
+
+
+def make_loader(shard):
+    return DataLoader(shard, batch_size=32, shuffle=False, num_workers=WORKERS,
+                      persistent_workers=False)
+
+
+def train_epoch(model, loader, opt, epoch):
+    model.train()
+    step = 0
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iteration_done(f"train {epoch} {step}")
+        step += 1
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    setup_determinism()
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for epoch in range(3):
+        train_epoch(model, make_loader(RecordShard(epoch)), opt, epoch)
+        iteration_done(f"epoch {epoch}")
+    save(model, args.out)
+
+
+if __name__ == "__main__":
+    main()

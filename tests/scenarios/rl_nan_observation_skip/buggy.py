@@ -1,0 +1,92 @@
+"""Reinforcement learning (REINFORCE on a grid world).  The agent reads its
+position from a noisy sensor every step; one reading (episode 9, reading 5)
+comes back NaN.  The step loop validates each reading and raises on a
+non-finite one: the run dies mid-training on a single corrupted frame."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+
+GAMMA = 0.95
+MAX_STEPS = 40
+
+
+class SensorGridWorld(GridWorld):
+    """The grid world seen through a noisy sensor that glitches once."""
+
+    def __init__(self, seed, glitch):
+        super().__init__(seed)
+        self.noise = torch.Generator().manual_seed(seed + 100)
+        self.glitch = glitch  # (episode, reading) that comes back NaN
+        self.episode, self.readings = -1, 0
+
+    def reset(self):
+        self.episode, self.readings = self.episode + 1, 0
+        return super().reset()
+
+    def sense(self):
+        obs = self.observe() + 0.1 * torch.randn(self.size * self.size, generator=self.noise)
+        if (self.episode, self.readings) == self.glitch:
+            obs[self.pos[0] * self.size + self.pos[1]] = float("nan")
+        self.readings += 1
+        return obs
+
+
+def check_observation(obs):
+    if not torch.isfinite(obs).all():
+        raise ValueError("non-finite observation")
+
+
+def discounted(rewards):
+    out, running = [], 0.0
+    for r in reversed(rewards):
+        running = r + GAMMA * running
+        out.append(running)
+    return torch.tensor(out[::-1])
+
+
+def run_episode(env, policy, g):
+    env.reset()
+    logps, rewards = [], []
+    for _step in range(MAX_STEPS):
+        obs = env.sense()
+        check_observation(obs)
+        probs = torch.softmax(policy(obs), -1)
+        action = torch.multinomial(probs, 1, generator=g).item()
+        logps.append(torch.log(probs[action]))
+        _, reward, done = env.step(action)
+        rewards.append(reward)
+        if done:
+            break
+    return logps, rewards
+
+
+def train(policy, opt, episodes):
+    env, g = SensorGridWorld(seed=1, glitch=(9, 5)), torch.Generator().manual_seed(2)
+    for episode in range(episodes):
+        logps, rewards = run_episode(env, policy, g)
+        loss = -(torch.stack(logps) * discounted(rewards)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iteration_done(f"episode {episode}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    setup_determinism()
+    policy = Policy()
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    train(policy, opt, 30)
+    save(policy, args.out)
+
+
+if __name__ == "__main__":
+    main()
