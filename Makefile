@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast bench bench-smoke lint clean
+.PHONY: setup demo test bench scenarios lint clean
 
 $(VENV)/.installed: pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -20,15 +20,18 @@ demo: setup
 	rm -rf runs/mnist
 	$(PY) -m daifu --fixes examples/mnist/fixes.py examples/mnist/train.py --epochs 3
 
-## test: the whole test suite (what CI runs)
+## test: the whole test suite and a smoke run of the benchmark harness (what CI runs)
 test: setup
 	$(PY) -m pytest
+	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
+## bench: the full performance harness; asserts the targets, rewrites docs/performance.md
 bench: setup
-	$(PY) -m pytest perf --benchmark-only
+	DAIFU_PERF_ASSERT=1 DAIFU_PERF_REPORT=docs/performance.md $(PY) -m pytest perf -p no:cacheprovider
 
-bench-smoke: setup
-	$(PY) -m pytest perf --benchmark-disable -q
+## scenarios: the crash benchmark with its restore-time table (docs/benchmark.md)
+scenarios: setup
+	$(PY) -m tests.scenarios.run --table docs/benchmark.md
 
 lint: setup
 	$(PY) -m pip install --quiet ruff

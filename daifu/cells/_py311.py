@@ -590,7 +590,7 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
         if handler is not None and handler.type is not None and msrc is not None:
             import ast
 
-            text = "except " + (ast.get_source_segment(msrc.source, handler.type) or "?") + ":"
+            text = "except " + (msrc.segment(handler.type) or "?") + ":"
         clauses.append(Clause(test, text=text, reraises=bool(msrc and msrc.clause_reraises(pos)),
                               lineno=pos[0], col=pos[2]))
         j = label_at[jmp.arg]

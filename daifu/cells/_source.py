@@ -159,6 +159,7 @@ class ModuleSource:
         self.source = source
         self.filename = filename
         self.lines = source.splitlines()
+        self._raw: list[bytes] | None = None
         self.tree = tree if tree is not None else ast.parse(source, filename)
         self._scopes: dict[tuple[str, int], ast.AST] = {}
         self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
@@ -224,19 +225,19 @@ class ModuleSource:
         out = []
         for case in getattr(stmt, "cases", ()):
             parts = [case.pattern] + ([case.guard] if case.guard is not None else [])
-            text = "case " + (ast.get_source_segment(self.source, case.pattern) or "?")
+            text = "case " + (self.segment(case.pattern) or "?")
             if case.guard is not None:
-                text += " if " + (ast.get_source_segment(self.source, case.guard) or "?")
+                text += " if " + (self.segment(case.guard) or "?")
             out.append((tuple(_span(p) for p in parts), text + ":", case.pattern.lineno))
         return tuple(out)
 
     def text(self, stmt: ast.stmt) -> str:
         """Source text of a simple statement, or the header of a compound one."""
         if isinstance(stmt, ast.Match):
-            return "match " + (ast.get_source_segment(self.source, stmt.subject) or "?") + ":"
+            return "match " + (self.segment(stmt.subject) or "?") + ":"
         body = getattr(stmt, "body", None)
         if isinstance(stmt, _SCOPES) or not body or not isinstance(body, list):
-            seg = ast.get_source_segment(self.source, stmt)
+            seg = self.segment(stmt)
             if seg is None:
                 return self.line(stmt.lineno)
             return seg if "\n" not in seg else seg.splitlines()[0] + " ..."
@@ -247,6 +248,24 @@ class ModuleSource:
         if first.lineno == stmt.lineno:  # `for x in y: body` on one line
             header = self.line(stmt.lineno)[stmt.col_offset : first.col_offset].strip()
         return header
+
+    def segment(self, node: ast.AST) -> str | None:
+        """``ast.get_source_segment`` without re-splitting the file each call
+        (column offsets are UTF-8 byte offsets)."""
+        try:
+            first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+            col, end_col = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        except AttributeError:
+            return None
+        if self._raw is None:
+            self._raw = [line.encode() for line in self.source.splitlines(True)]
+        raw = self._raw
+        if not (0 <= first <= last < len(raw)):
+            return None
+        if first == last:
+            return raw[first][col:end_col].decode(errors="replace")
+        parts = [raw[first][col:], *raw[first + 1 : last], raw[last][:end_col]]
+        return b"".join(parts).decode(errors="replace")
 
     def line(self, lineno: int | None) -> str:
         if lineno is None or not 0 < lineno <= len(self.lines):

@@ -290,12 +290,9 @@ def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bo
     return op != "CALL_FUNCTION_EX"  # f(*args, **kw) goes through C but catches nothing
 
 
-@lru_cache(maxsize=4096)
 def _opname_at(code: types.CodeType, offset: int) -> str:
-    for ins in dis.get_instructions(code):
-        if ins.offset == offset:
-            return ins.opname
-    return ""
+    raw = code.co_code  # the unquickened instructions: base opcodes
+    return dis.opname[raw[offset]] if 0 <= offset < len(raw) else ""
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
@@ -328,16 +325,24 @@ def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
     return None
 
 
+_LOAD_CONST = dis.opmap["LOAD_CONST"]
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+
+
 def _ranges(code: types.CodeType) -> list[tuple[int, int, Cell]]:
-    instrs = list(dis.get_instructions(code))
-    by_offset = {ins.offset: n for n, ins in enumerate(instrs)}
+    """(start, stop, cell) for every exception-table entry that leads to a
+    stub: the stub loads its Cell within its first instructions."""
+    raw, consts = code.co_code, code.co_consts
     out = []
     for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable in 3.11
-        n = by_offset.get(entry.target)
-        if n is None:
-            continue
-        for ins in instrs[n : n + 10]:
-            if ins.opname == "LOAD_CONST" and type(ins.argval) is Cell:
-                out.append((entry.start, entry.end, ins.argval))
+        offset, ext = entry.target, 0
+        for _ in range(12):
+            if offset + 1 >= len(raw):
                 break
+            op, arg = raw[offset], raw[offset + 1] | ext
+            ext = arg << 8 if op == _EXTENDED_ARG else 0
+            if op == _LOAD_CONST and arg < len(consts) and type(consts[arg]) is Cell:
+                out.append((entry.start, entry.end, consts[arg]))
+                break
+            offset += 2 * (1 + dis._inline_cache_entries[op])  # noqa: SLF001
     return out
