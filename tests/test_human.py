@@ -356,3 +356,72 @@ def test_insecure_runtime_directory_is_refused(tmp_path):
     listing = subprocess.run([*python(), "-m", "daifu", "ps"], capture_output=True, text=True,
                              env={**env(), "DAIFU_RUNTIME_DIR": str(loose)}, timeout=60)
     assert listing.returncode == 3 and "refusing to use it" in listing.stderr
+
+
+def test_attach_console_from_another_terminal(tmp_path):
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    client = PtyProcess([*python(), "-m", "daifu", "attach", str(proc.pid)], cwd=str(tmp_path),
+                        env=env())
+    out = client.expect("(daifu) ")
+    assert "TypeError: unsupported operand" in out and "attached" in out
+    client.send("p scale")
+    assert "None" in client.expect("(daifu) ")
+    client.send("exec")
+    client.send("scale = 0.5")
+    client.send("")
+    client.expect("(daifu) ")
+    client.send("retry")
+    assert f"job {proc.pid}: retry" in client.expect(f"job {proc.pid}: retry")
+    assert client.wait() == 0
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+
+
+EDITOR = '''
+import sys
+line, path = sys.argv[1], sys.argv[2]
+assert line.startswith("+")
+with open(path) as fh:
+    source = fh.read()
+with open(path, "w") as fh:
+    fh.write(source.replace("y.float()", "y"))
+'''
+
+
+def test_edit_opens_the_editor_at_the_failing_line_then_reloads(tmp_path):
+    ref = reference(tmp_path, TRAIN)
+    script = tmp_path / "train.py"
+    script.write_text(ACTIVE_BUG)
+    editor = tmp_path / "editor.py"
+    editor.write_text(EDITOR)
+    p = PtyProcess([*python(), "-m", "daifu", "--log", str(tmp_path / "log.jsonl"), str(script),
+                    "final.pt"], cwd=str(tmp_path),
+                   env={**env(), "EDITOR": f"{sys.executable} {editor}"})
+    p.expect("(daifu) ")
+    p.send("edit")
+    assert "running: continues in the new code" in p.expect("done", timeout=120)
+    assert p.wait() == 0
+    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+
+
+def test_replay_against_a_changed_script_warns_and_skips(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    assert daifu_cli("send", str(proc.pid), "exec", "scale = 0.5").returncode == 1
+    assert daifu_cli("send", str(proc.pid), "retry").returncode == 0
+    proc.communicate(timeout=300)
+    # the script changed where it crashes: the recorded fix no longer applies
+    script.write_text(BUGGY_SCALE.replace("loss = F.cross_entropy(model(x), y) * scale",
+                                          "loss = scale * F.cross_entropy(model(x), y)"))
+    log = tmp_path / "replay.jsonl"
+    again = subprocess.run([*python(), "-m", "daifu", "--replay", str(tmp_path / "journal.jsonl"),
+                            "--log", str(log), str(script), "final.pt"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env())
+    assert again.returncode == 1  # nothing applied: the crash continues as without daifu
+    skipped = [e for e in read_events(log) if e["event"] == "replay.skipped"]
+    assert skipped and "the script changed" in skipped[0]["reason"]
