@@ -51,10 +51,10 @@ def test_find_spec_on_names_it_does_not_claim(benchmark):
     theirs = _per_call(lookup, size(20, 2)) / len(stdlib)
     record("Import cost", "find_spec for a module daifu does not claim", ours * 1e9, "ns")
     record("Import cost", "  the regular path lookup of a top-level module (for scale)",
-           theirs * 1e6, "us", "",
+           theirs * 1e6, "us", "daifu adds < 5%",
            f"daifu adds {ours / theirs:.2%} to it")
     if ASSERT:
-        assert ours < 0.01 * theirs
+        assert ours < 0.05 * theirs
 
 
 def _instructions(code: types.CodeType) -> int:

@@ -119,8 +119,29 @@ class CodeInfo:
         return f"<CodeInfo {self.qualname} {where} cells={len(self.cells)}>"
 
 
+class Capabilities:
+    """``can_retry``/``can_skip``/``can_continue`` from the ``*_reason`` fields
+    (None: possible; otherwise why not)."""
+
+    retry_reason: str | None
+    skip_reason: str | None
+    continue_reason: str | None
+
+    @property
+    def can_retry(self) -> bool:
+        return self.retry_reason is None
+
+    @property
+    def can_skip(self) -> bool:
+        return self.skip_reason is None
+
+    @property
+    def can_continue(self) -> bool:
+        return self.continue_reason is None
+
+
 @dataclass(eq=False)
-class Cell:
+class Cell(Capabilities):
     """One recoverable run of a statement (see module docstring)."""
 
     info: CodeInfo
@@ -165,18 +186,6 @@ class Cell:
                 if any(contains(span, position) for span in spans):
                     return text, line
         return self.source, self.lineno
-
-    @property
-    def can_retry(self) -> bool:
-        return self.retry_reason is None
-
-    @property
-    def can_skip(self) -> bool:
-        return self.skip_reason is None
-
-    @property
-    def can_continue(self) -> bool:
-        return self.continue_reason is None
 
     @property
     def location(self) -> str:

@@ -194,6 +194,24 @@ def called_from_c(frame: types.FrameType) -> bool | None:
         return None
 
 
+def running_function(frame: types.FrameType) -> types.FunctionType | None:
+    """The function object executing ``frame`` (kept in the interpreter frame's
+    first field, ``f_func``; checked against the frame's code)."""
+    try:
+        outer = _FrameObject.from_address(id(frame))
+        func_ptr = ctypes.c_void_p.from_address(outer.f_frame).value
+        func = ctypes.cast(func_ptr, ctypes.py_object).value
+        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
+            return func
+    except Exception:
+        pass
+    import gc
+
+    candidates = [r for r in gc.get_referrers(frame.f_code)
+                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
+    return candidates[0] if len(candidates) == 1 else None
+
+
 # -- decoding and analysis ------------------------------------------------------
 
 
@@ -588,7 +606,6 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
         handler = msrc.handler_at(pos) if msrc else None
         text = ""
         if handler is not None and handler.type is not None and msrc is not None:
-            import ast
 
             text = "except " + (msrc.segment(handler.type) or "?") + ":"
         clauses.append(Clause(test, text=text, reraises=bool(msrc and msrc.clause_reraises(pos)),

@@ -7,14 +7,14 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from .._errors import PatchError
-from ..cells._cell import Cell
+from ..cells._cell import Capabilities, Cell
 from ..cells._context import FrameContext
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
 
-class Crash:
+class Crash(Capabilities):
     """An exception stopped at a crash barrier, with its frame still alive.
 
     Attributes a rule reads:
@@ -57,18 +57,6 @@ class Crash:
     @property
     def where(self) -> str:
         return f"{self.filename}:{self.lineno}"
-
-    @property
-    def can_retry(self) -> bool:
-        return self.retry_reason is None
-
-    @property
-    def can_skip(self) -> bool:
-        return self.skip_reason is None
-
-    @property
-    def can_continue(self) -> bool:
-        return self.continue_reason is None
 
     @property
     def frame(self) -> types.FrameType:

@@ -17,7 +17,6 @@ returns.
 
 from __future__ import annotations
 
-import ctypes
 import difflib
 import gc
 import linecache
@@ -314,7 +313,7 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
         for name, value in zip(spec.stack_params, stack):
             g[name] = value
         return exec, (cont, g), getattr(new_stmt, "lineno", 0)
-    func = _running_function(frame)
+    func = back.running_function(frame)
     if func is None:
         raise PatchError("reload: the running function object could not be found")
     if func.__code__.co_freevars != cont.co_freevars:
@@ -332,24 +331,3 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     fn = types.FunctionType(cont, frame.f_globals, func.__name__, None, func.__closure__)
     fn.__qualname__ = func.__qualname__
     return fn, tuple(args), getattr(new_stmt, "lineno", 0)
-
-
-class _PyFrameObject(ctypes.Structure):
-    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
-                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
-
-
-def _running_function(frame: types.FrameType) -> types.FunctionType | None:
-    """The function object executing ``frame`` (CPython keeps it in the
-    interpreter frame; found by pointer, checked against the frame's code)."""
-    try:
-        outer = _PyFrameObject.from_address(id(frame))
-        func_ptr = ctypes.c_void_p.from_address(outer.f_frame).value  # f_func is the 1st field
-        func = ctypes.cast(func_ptr, ctypes.py_object).value
-        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
-            return func
-    except Exception:
-        pass
-    candidates = [r for r in gc.get_referrers(frame.f_code)
-                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
-    return candidates[0] if len(candidates) == 1 else None

@@ -34,7 +34,7 @@ class DaifuFinder:
         self.claimed: list[str] = []
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
-        if getattr(self._tls, "busy", False) or not self.matcher.matches(fullname):
+        if not self.matcher.matches(fullname) or getattr(self._tls, "busy", False):
             return None
         self._tls.busy = True
         try:
