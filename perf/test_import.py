@@ -9,7 +9,7 @@ import time
 import types
 from pathlib import Path
 
-from conftest import ASSERT, FULL, record, size
+from conftest import ASSERT, record, size
 
 from daifu.cells import Selection, options, vaccinate_source
 from daifu.hooks import DaifuFinder, ModuleMatcher

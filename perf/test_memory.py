@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ASSERT, record
 
 pytest.importorskip("torch", reason="PyTorch not available")

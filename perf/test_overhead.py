@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import ASSERT, FULL, interleaved, record, size
 import workloads
+from conftest import ASSERT, FULL, interleaved, record, size
 
 HERE = Path(__file__).resolve().parent
 TIGHT_NAMES = ["loop_sum", "loop_many_locals", "loop_nested", "loop_generator", "loop_calls"]

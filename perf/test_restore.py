@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ASSERT, FULL, record
 
 pytest.importorskip("torch", reason="PyTorch not available")

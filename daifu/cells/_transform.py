@@ -14,7 +14,7 @@ import io
 import sys
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -184,7 +184,7 @@ def vaccinate_source(
     return vaccinate_module(code, msrc, selection, module)
 
 
-def vaccinate_function(fn: Callable, *, quiet: bool = False) -> bool:
+def vaccinate_function(fn: Callable) -> bool:
     """Vaccinate one function in place (``fn.__code__`` is replaced).
 
     Returns True if the function is vaccinated afterwards.  On failure it warns
@@ -228,7 +228,3 @@ def _register(filename: str) -> None:
     from ..engine._engine import ENGINE
 
     ENGINE.target_files.add(filename)
-
-
-def vaccinated_qualnames(codes: Sequence[CodeInfo]) -> list[str]:
-    return [c.qualname for c in codes]

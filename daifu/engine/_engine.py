@@ -148,6 +148,10 @@ class Engine:
             else:
                 decision, reason = self._decide(crash)
             return self._conclude(crash, key, decision, reason, final)
+        except KeyboardInterrupt:  # Ctrl-C while a fix was awaited: give up, as asked
+            self._pending.pop(key, None)
+            self._give_up(crash, "interrupted (Ctrl-C) while waiting for a fix")
+            return RAISE_CODE
         except BaseException:
             self._internal("engine", crash)
             self._pending.pop(key, None)

@@ -206,13 +206,12 @@ def done_before(crash: Crash) -> list[str]:
     if frame_code is None:
         return []
     try:
-        return _done_before(frame_code, crash.lasti, crash.cell.lineno, crash.cell.end_lineno)
+        return _done_before(frame_code, crash.lasti)
     except Exception:
         return []
 
 
-def _done_before(code: types.CodeType, lasti: int, first: int | None,
-                 last: int | None) -> list[str]:
+def _done_before(code: types.CodeType, lasti: int) -> list[str]:
     from ..cells._cell import cells_of
     from ._guards import cell_at
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import warnings
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import CodeType
@@ -83,7 +82,6 @@ class DaifuLoader(SourceFileLoader):
         return self.source_to_code(source, self.get_filename(fullname))
 
     def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]
-        started = time.perf_counter()
         try:
             code, report = vaccinate_source(data, path, self.selection, module=self.name)
         except (SyntaxError, TransformError):
@@ -101,5 +99,4 @@ class DaifuLoader(SourceFileLoader):
             functions=[c.qualname for c in report.vaccinated],
             skipped=[f"{q}: {r}" for q, r in report.skipped],
         ))
-        _ = started
         return code
