@@ -12,11 +12,12 @@ from daifu.engine import ENGINE
 @pytest.fixture(autouse=True)
 def _fresh_engine():
     ENGINE.reset()
-    saved = (options.strict, options.dump)
+    saved = (options.strict, options.dump, options.cache)
     options.strict = True  # tests want transform failures to be loud
+    options.cache = None  # tests that use the code cache say so (tests/test_cache.py)
     yield ENGINE
     ENGINE.reset()
-    options.strict, options.dump = saved
+    options.strict, options.dump, options.cache = saved
 
 
 @pytest.fixture
@@ -31,3 +32,5 @@ def pytest_configure(config):
     runtime = os.path.join(state, "run")
     os.mkdir(runtime, 0o700)
     os.environ.setdefault("DAIFU_RUNTIME_DIR", runtime)
+    # every job the tests start rewrites its code; the cache has its own tests
+    os.environ["DAIFU_CACHE"] = "0"

@@ -17,8 +17,16 @@ from ._source import ModuleSource
 class LoadedFile:
     filename: str
     module: str | None
-    msrc: ModuleSource
+    _msrc: ModuleSource | None
     selection: object  # cells._transform.Selection
+    source: str | None = None
+
+    @property
+    def msrc(self) -> ModuleSource:
+        """The parsed source (parsed on first use for code loaded from the cache)."""
+        if self._msrc is None:
+            self._msrc = ModuleSource(self.source or "", self.filename)
+        return self._msrc
 
 
 _lock = threading.Lock()
@@ -28,6 +36,12 @@ _files: dict[str, LoadedFile] = {}
 def record(filename: str, module: str | None, msrc: ModuleSource, selection) -> None:
     with _lock:
         _files[filename] = LoadedFile(filename, module, msrc, selection)
+
+
+def record_source(filename: str, module: str | None, source: str, selection) -> None:
+    """Like ``record`` for code loaded from the cache: parse only if needed."""
+    with _lock:
+        _files[filename] = LoadedFile(filename, module, None, selection, source)
 
 
 def get(filename: str) -> LoadedFile | None:

@@ -69,12 +69,16 @@ class Report:
     module: str | None = None
     vaccinated: list[CodeInfo] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (qualname, reason)
+    skipped_lines: list[int | None] = field(default_factory=list)  # first line of each
     dumps: list[str] = field(default_factory=list)
+    #: True when the code came from the on-disk cache (``_cache``)
+    cached: bool = False
 
 
 class _Options:
     strict = False
     dump: str | None = None  # "-" for stderr, or a file path
+    cache = None  # a _cache.CodeCache, or None: no cache
 
 
 options = _Options()
@@ -89,8 +93,11 @@ def _hooks():
     return _barrier
 
 
-def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None) -> None:
-    report.skipped.append((qualname, reason))
+def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
+                    record: bool = True) -> None:
+    if record:
+        report.skipped.append((qualname, reason))
+        report.skipped_lines.append(line)
     where = f"{report.filename}:{line}" if line else report.filename
     message = f"daifu: {qualname} ({where}) is not vaccinated and runs unmodified: {reason}"
     if options.strict:
@@ -173,15 +180,33 @@ def vaccinate_source(
     selection: Selection,
     module: str | None = None,
 ) -> tuple[types.CodeType, Report]:
-    """Compile ``source`` and vaccinate it (what the import hook and runner do)."""
+    """Compile ``source`` and vaccinate it (what the import hook and runner do).
+
+    With ``options.cache`` set, a module vaccinated the same way before is
+    loaded from the cache instead of rewritten (see ``_cache``)."""
     if isinstance(source, bytes):
         from importlib.util import decode_source
 
         source = decode_source(source)
+    cache = options.cache if not options.dump else None
+    if cache is not None:
+        hit = cache.load(source, filename, module, selection)
+        if hit is not None:
+            code, report = hit
+            report.cached = True
+            for (qualname, reason), line in zip(report.skipped, report.skipped_lines):
+                # the same warnings (or strict error) as when it was rewritten
+                _not_vaccinated(report, qualname, reason, line, record=False)
+            _register(filename)
+            _registry.record_source(filename, module, source, selection)
+            return code, report
     tree = ast.parse(source, filename)
     code = compile(tree, filename, "exec", dont_inherit=True)
     msrc = ModuleSource(source, filename, tree)
-    return vaccinate_module(code, msrc, selection, module)
+    new_code, report = vaccinate_module(code, msrc, selection, module)
+    if cache is not None and report.vaccinated:
+        cache.store(source, filename, module, selection, new_code, report)
+    return new_code, report
 
 
 def vaccinate_function(fn: Callable) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import struct
 import threading
 import time
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from queue import Queue
 from typing import Any
+
+from .._private import check_private as _check_private
 
 RUNTIME_ENV = "DAIFU_RUNTIME_DIR"
 
@@ -52,18 +53,7 @@ def runtime_dir(create: bool = True) -> str:
 
 def check_private(path: str) -> None:
     """Refuse a directory that another user could write or read."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise EndpointError(f"{path} does not exist") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise EndpointError(f"{path} is not a directory (symlink?); refusing to use it")
-    if st.st_uid != os.getuid():
-        raise EndpointError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}); "
-                            "refusing to open a control socket there")
-    if st.st_mode & 0o077:
-        raise EndpointError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, readable or writable "
-                            f"by others; refusing to use it (fix: chmod 700 {path})")
+    _check_private(path, "control sockets", EndpointError)
 
 
 def peer_uid(conn: socket.socket) -> int:

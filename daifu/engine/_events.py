@@ -133,6 +133,8 @@ class ModuleVaccinated(Event):
     file: str
     functions: list[str]
     skipped: list[str]
+    #: loaded from the code cache instead of rewritten
+    cached: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@
 | DAIFU_JOURNAL        | --journal        | the journal file (default under ~/.local/state)     |
 | DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
+| DAIFU_CACHE          |                  | code cache: a directory, 0 (off) or 1 (on); default |
+|                      |                  | ~/.cache/daifu, read-only under python -B           |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
 """
 
@@ -63,6 +65,7 @@ class Config:
     console: bool = True
     journal: str | None = None
     replay: str | None = None
+    cache: str = ""
     matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
 
     @classmethod
@@ -81,6 +84,7 @@ class Config:
         cfg.console = env.get("DAIFU_CONSOLE", "1").lower() not in ("0", "false", "no", "off")
         cfg.journal = env.get("DAIFU_JOURNAL") or None
         cfg.replay = env.get("DAIFU_REPLAY") or None
+        cfg.cache = env.get("DAIFU_CACHE", "").strip()
         if env.get("DAIFU_WAIT"):
             cfg.wait = parse_wait(env["DAIFU_WAIT"])
         attempts = env.get("DAIFU_MAX_ATTEMPTS")
@@ -107,6 +111,26 @@ class Config:
     def selection(self, module_level: bool = False) -> Selection:
         return Selection(entries=self.entry, module_level=module_level)
 
+    def code_cache(self):
+        """The ``CodeCache`` ``DAIFU_CACHE`` asks for, or None.
+
+        Unset: ``~/.cache/daifu`` (``$XDG_CACHE_HOME/daifu``), only read when
+        Python does not write bytecode (``-B``, ``PYTHONDONTWRITEBYTECODE``),
+        quietly unused if it cannot be made private.  ``1``: the same, always
+        written.  ``0``: no cache.  Anything else: that directory."""
+        import sys
+
+        from ..cells._cache import CodeCache, default_directory
+
+        value = self.cache.lower()
+        if value in ("0", "false", "no", "off"):
+            return None
+        if value == "":
+            return CodeCache(default_directory(), write=not sys.dont_write_bytecode, quiet=True)
+        if value in _TRUE:
+            return CodeCache(default_directory())
+        return CodeCache(os.path.abspath(os.path.expanduser(self.cache)))
+
     def export(self) -> None:
         """Write the options to the environment so child processes inherit them."""
         os.environ["DAIFU_MODULES"] = self.modules
@@ -128,6 +152,10 @@ class Config:
             os.environ["DAIFU_CONSOLE"] = "0"
         if self.replay:
             os.environ["DAIFU_REPLAY"] = os.path.abspath(self.replay)
+        if self.cache:
+            keyword = self.cache.lower() in _TRUE | {"0", "false", "no", "off"}
+            os.environ["DAIFU_CACHE"] = (
+                self.cache if keyword else os.path.abspath(os.path.expanduser(self.cache)))
 
     def apply(self) -> None:
         """Configure this process's transform and engine from the options."""
@@ -136,6 +164,7 @@ class Config:
 
         options.strict = self.strict
         options.dump = self.dump
+        options.cache = self.code_cache()
         ENGINE.max_attempts = self.max_attempts
 
     def setup_engine(self, script: str | None, interactive: bool) -> None:

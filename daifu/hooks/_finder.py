@@ -98,5 +98,6 @@ class DaifuLoader(SourceFileLoader):
             module=self.name, file=str(path),
             functions=[c.qualname for c in report.vaccinated],
             skipped=[f"{q}: {r}" for q, r in report.skipped],
+            cached=report.cached,
         ))
         return code

@@ -237,8 +237,8 @@ def _compile_main(source: bytes, filename: str, cfg: Config) -> types.CodeType:
     from ..cells import vaccinate_source
 
     try:
-        code, _ = vaccinate_source(source, filename, cfg.selection(module_level=True),
-                                   module="__main__")
+        code, report = vaccinate_source(source, filename, cfg.selection(module_level=True),
+                                        module="__main__")
     except SyntaxError:
         raise
     except Exception as exc:
@@ -246,7 +246,13 @@ def _compile_main(source: bytes, filename: str, cfg: Config) -> types.CodeType:
             raise
         warnings.warn(f"daifu: could not vaccinate {filename}: {type(exc).__name__}: {exc}; "
                       "it runs unmodified", NotVaccinatedWarning, stacklevel=2)
-        code = compile(source, filename, "exec", dont_inherit=True)
+        return compile(source, filename, "exec", dont_inherit=True)
+    from ..engine._events import ModuleVaccinated, emit
+
+    emit(ModuleVaccinated(
+        module="__main__", file=filename, functions=[c.qualname for c in report.vaccinated],
+        skipped=[f"{q}: {r}" for q, r in report.skipped], cached=report.cached,
+    ))
     return code
 
 

@@ -1,8 +1,9 @@
 """Differential suite: every corpus function, plain vs vaccinated.
 
-Each function of ``corpus.py`` runs on its cases twice -- compiled normally and
-with *every* function vaccinated (``DAIFU_ENTRY='**'``) -- and must give the
-same result or the same exception (type, args, traceback line numbers).
+Each function of ``corpus.py`` runs on its cases three times -- compiled
+normally, with *every* function vaccinated (``DAIFU_ENTRY='**'``), and the same
+vaccinated code stored in and loaded back from the code cache -- and must give
+the same result or the same exception (type, args, traceback line numbers).
 When the plain run does not raise, the engine must not have been entered at
 all: exceptions a function handles itself never reach daifu.
 """
@@ -11,21 +12,36 @@ from __future__ import annotations
 
 import copy
 import inspect
+import tempfile
 import types
 from pathlib import Path
 
 import pytest
 
-from daifu.cells import Selection, vaccinate_source
+from daifu.cells import Selection, options, vaccinate_source
+from daifu.cells._cache import CodeCache
 from daifu.engine import ENGINE
 
 CORPUS = Path(__file__).with_name("corpus.py")
 
 
-def _load(vaccinated: bool) -> dict:
+_CACHE_DIR = tempfile.TemporaryDirectory(prefix="daifu-differential-")
+
+
+def _load(vaccinated: bool, cached: bool = False) -> dict:
     source = CORPUS.read_text()
     name = "corpus_vaccinated" if vaccinated else "corpus_plain"
-    if vaccinated:
+    if cached:
+        saved, options.cache = options.cache, CodeCache(_CACHE_DIR.name)
+        try:
+            _, first = vaccinate_source(source, str(CORPUS), Selection(entries=("**",)),
+                                        module=name)
+            code, report = vaccinate_source(source, str(CORPUS), Selection(entries=("**",)),
+                                            module=name)
+        finally:
+            options.cache = saved
+        assert not first.cached and report.cached
+    elif vaccinated:
         code, report = vaccinate_source(source, str(CORPUS), Selection(entries=("**",)),
                                         module=name)
         assert not report.skipped, report.skipped
@@ -38,6 +54,7 @@ def _load(vaccinated: bool) -> dict:
 
 PLAIN = _load(False)
 VACCINATED = _load(True)
+CACHED = _load(True, cached=True)
 
 
 def _tb_lines(exc: BaseException) -> list[tuple[str, int]]:
@@ -84,9 +101,10 @@ def test_corpus_is_large_enough():
 def test_every_corpus_function_was_vaccinated():
     from daifu.cells import is_vaccinated
 
-    for name, fn in VACCINATED.items():
-        if inspect.isfunction(fn) and hasattr(fn, "cases"):
-            assert is_vaccinated(fn.__code__), name
+    for namespace in (VACCINATED, CACHED):
+        for name, fn in namespace.items():
+            if inspect.isfunction(fn) and hasattr(fn, "cases"):
+                assert is_vaccinated(fn.__code__), name
 
 
 @pytest.mark.parametrize("name,args,index", CASES)
@@ -96,6 +114,7 @@ def test_plain_equals_vaccinated(name, args, index):
     before = ENGINE.stats["crashes"]
     got = _outcome(VACCINATED[name], args)
     assert got == expected
+    assert _outcome(CACHED[name], args) == expected, "differs when loaded from the code cache"
     known, why = getattr(PLAIN[name], "seen_by_daifu", ((), ""))
     if index in known:
         assert ENGINE.stats["crashes"] > before, f"limitation fixed? ({why}): update the corpus"

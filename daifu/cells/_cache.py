@@ -1,0 +1,189 @@
+"""A per-user on-disk cache of vaccinated module code.
+
+Rewriting costs milliseconds per function (most of it in ``bytecode``'s
+assembler), so a library vaccinated with ``DAIFU_ENTRY='*'`` would add seconds
+to every start.  The cache stores the result of ``vaccinate_source`` -- the
+module's rewritten code object and its ``Report`` -- and loads it in a few
+milliseconds when the same source is vaccinated the same way again.
+
+What a rewritten code object holds is not marshallable: its constants include
+``Cell`` objects (with their guards and ``CodeInfo``) and the engine functions
+the stubs call.  An entry is therefore a pickle in which every code object is
+reduced to ``marshal`` bytes (constants blanked) plus its real constants,
+pickled recursively: cells as plain data, engine functions by reference.
+Loading rebuilds the same object graph (identity inside it included: a cell's
+``info`` is the report's ``CodeInfo``).
+
+An entry is keyed by what decides the rewrite: the file name (it is in the
+code), module name, selection, and a fingerprint of this daifu installation
+(the source of every daifu module), the Python version and the ``bytecode``
+version; it records a hash of the source and is used only when the source is
+byte-for-byte the one it was made from.  One entry per (file, module,
+selection): a changed source overwrites it.
+
+A cache entry is code this process will run, so the cache lives in a private
+directory (0700, owned by this user, checked like the control-socket
+directory), entries are written atomically with mode 0600, and loading refuses
+files owned by someone else or writable by others, and any class or function
+outside daifu.  Anything wrong with an entry makes it a miss: the module is
+rewritten as if there were no cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import marshal
+import os
+import pickle
+import stat
+import sys
+import tempfile
+import types
+import warnings
+from pathlib import Path
+
+from .._errors import DaifuWarning
+from .._private import check_private
+
+MAGIC = b"daifu-code-cache 1\n"
+_fingerprint: bytes | None = None
+_refused: set[str] = set()
+
+
+class _Refused(Exception):
+    pass
+
+
+def default_directory() -> str:
+    """``$XDG_CACHE_HOME/daifu`` or ``~/.cache/daifu``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "daifu")
+
+
+def fingerprint() -> bytes:
+    """What makes entries of another daifu, Python or ``bytecode`` invalid."""
+    global _fingerprint
+    if _fingerprint is None:
+        import bytecode
+
+        h = hashlib.sha256(MAGIC)
+        h.update(sys.version.encode())
+        h.update(getattr(bytecode, "__version__", "?").encode())
+        root = Path(__file__).resolve().parents[1]
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+        _fingerprint = h.digest()
+    return _fingerprint
+
+
+def _code(data: bytes, consts: tuple) -> types.CodeType:
+    return marshal.loads(data).replace(co_consts=consts)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if type(obj) is types.CodeType:
+            blank = obj.replace(co_consts=(None,) * len(obj.co_consts))
+            return _code, (marshal.dumps(blank), obj.co_consts)
+        return NotImplemented
+
+
+_BUILTINS = frozenset({"complex", "frozenset", "set", "slice", "range", "bytearray"})
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module == "daifu" or module.startswith("daifu."):
+            return super().find_class(module, name)
+        if (module == "builtins" and name in _BUILTINS) or (
+                module == "copyreg" and name == "_reconstructor"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a daifu cache entry refers to {module}.{name}")
+
+
+class CodeCache:
+    """The cache in one directory (created 0700 if missing)."""
+
+    def __init__(self, directory: str, write: bool = True, quiet: bool = False):
+        self.directory = directory
+        self.write = write
+        self.quiet = quiet  # the implicit default: an unusable directory is no news
+
+    def _usable(self) -> bool:
+        if self.directory in _refused:
+            return False
+        if not self.write and not os.path.isdir(self.directory):
+            return False  # reading only: nothing to read, and nothing to create
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            check_private(self.directory, "the daifu code cache", _Refused)
+        except (OSError, _Refused) as exc:
+            _refused.add(self.directory)
+            if not self.quiet:
+                warnings.warn(f"daifu: not using the code cache: {exc}", DaifuWarning,
+                              stacklevel=4)
+            return False
+        return True
+
+    def _path(self, filename: str, module: str | None, selection) -> str:
+        h = hashlib.sha256(fingerprint())
+        h.update(repr((filename, module, selection)).encode())
+        return os.path.join(self.directory, h.hexdigest()[:40] + ".pickle")
+
+    @staticmethod
+    def _source_hash(source: str) -> bytes:
+        return hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()
+
+    def load(self, source: str, filename: str, module: str | None, selection):
+        """The cached ``(code, report)`` for this source, or ``None``."""
+        if not self._usable():
+            return None
+        path = self._path(filename, module, selection)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or (
+                        st.st_mode & 0o022):
+                    return None
+                data = fh.read()
+            head = len(MAGIC) + 32
+            if data[:len(MAGIC)] != MAGIC or data[len(MAGIC):head] != self._source_hash(source):
+                return None
+            code, report = _Unpickler(io.BytesIO(data[head:])).load()
+        except Exception:  # a truncated or stale entry is a miss, never an error
+            return None
+        if type(code) is not types.CodeType or code.co_filename != filename:
+            return None
+        return code, report
+
+    def store(self, source: str, filename: str, module: str | None, selection,
+              code: types.CodeType, report) -> bool:
+        """Write an entry; False (and nothing written) if that is not possible."""
+        if not self.write or not self._usable():
+            return False
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(self._source_hash(source))
+        try:
+            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((code, report))
+        except Exception:  # something in the code daifu cannot store: no entry
+            return False
+        path = self._path(filename, module, selection)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(buf.getvalue())
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            return False
+        return True
