@@ -25,7 +25,7 @@ SOURCE = textwrap.dedent('''
     import daifu
 
     def accumulate(xs):
-        total = 0
+        total, unused = 0, (..., 1j, frozenset({1}), b"x", 1.5, None, True)
         for x in xs:
             total += 100 // x
         return total
@@ -131,10 +131,16 @@ def test_changed_source_or_selection_is_a_miss(cache):
     assert not elsewhere.cached
 
 
-def test_another_daifu_version_is_a_miss(cache, monkeypatch):
+def test_another_daifu_version_is_a_miss_and_old_entries_go(cache, monkeypatch):
     _vaccinate()
+    (old,) = cache.iterdir()
     monkeypatch.setattr(_cache, "_fingerprint", b"another daifu, python or bytecode")
     assert not _vaccinate()[1].cached
+    assert len(list(cache.iterdir())) == 2
+    stale = _cache.time.time() - _cache.MAX_AGE_S - 60
+    os.utime(old, (stale, stale))
+    _vaccinate(filename="/daifu-tests/another.py")  # writing an entry prunes stale ones
+    assert not old.exists() and len(list(cache.iterdir())) == 2
 
 
 def test_damaged_entries_are_misses_and_get_rewritten(cache):

@@ -19,7 +19,8 @@ code), module name, selection, and a fingerprint of this daifu installation
 (the source of every daifu module), the Python version and the ``bytecode``
 version; it records a hash of the source and is used only when the source is
 byte-for-byte the one it was made from.  One entry per (file, module,
-selection): a changed source overwrites it.
+selection): a changed source overwrites it; entries not rewritten for 30 days
+are removed when another is written.
 
 A cache entry is code this process will run, so the cache lives in a private
 directory (0700, owned by this user, checked like the control-socket
@@ -39,6 +40,7 @@ import pickle
 import stat
 import sys
 import tempfile
+import time
 import types
 import warnings
 from pathlib import Path
@@ -47,6 +49,9 @@ from .._errors import DaifuWarning
 from .._private import check_private
 
 MAGIC = b"daifu-code-cache 1\n"
+#: entries not written for this long are removed when another is written
+#: (entries of older daifu versions or vanished files would stay forever)
+MAX_AGE_S = 30 * 24 * 3600
 _fingerprint: bytes | None = None
 _refused: set[str] = set()
 
@@ -90,7 +95,8 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-_BUILTINS = frozenset({"complex", "frozenset", "set", "slice", "range", "bytearray"})
+#: what constants of code objects need besides pickle's own types
+_BUILTINS = frozenset({"complex", "frozenset", "set", "slice", "range", "bytearray", "Ellipsis"})
 
 
 class _Unpickler(pickle.Unpickler):
@@ -172,6 +178,8 @@ class CodeCache:
         buf.write(self._source_hash(source))
         try:
             _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((code, report))
+            # an entry that would not load is never written (it would miss forever)
+            _Unpickler(io.BytesIO(buf.getbuffer()[len(MAGIC) + 32:])).load()
         except Exception:  # something in the code daifu cannot store: no entry
             return False
         path = self._path(filename, module, selection)
@@ -186,4 +194,16 @@ class CodeCache:
                 raise
         except OSError:
             return False
+        self._prune()
         return True
+
+    def _prune(self) -> None:
+        cutoff = time.time() - MAX_AGE_S
+        try:
+            with os.scandir(self.directory) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".pickle") or entry.name.startswith(".tmp-"):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(entry.path)
+        except OSError:
+            pass
