@@ -261,3 +261,20 @@ def test_a_job_loaded_from_the_cache_reloads_its_running_loop_exactly(tmp_path):
         assert [e for e in events if e["event"] == "crash.resumed"]
         assert _identical(_load(work / f"live{run}.pt"), _load(work / "reference.pt"))
     assert cached == [False, True]
+
+
+def _main_cached(tmp_path, *options, run: int) -> bool:
+    log = tmp_path / f"events{run}.jsonl"
+    env = dict(os.environ, DAIFU_CACHE=str(tmp_path / "cache"), DAIFU_LOG_LEVEL="debug")
+    proc = subprocess.run([sys.executable, "-m", "daifu", "--log", str(log), *options, "s.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "6\n", proc.stderr
+    (event,) = [json.loads(line) for line in log.read_text().splitlines()
+                if '"module.vaccinated"' in line]
+    return event["cached"]
+
+
+def test_the_runner_uses_the_cache_unless_told_not_to(tmp_path):
+    (tmp_path / "s.py").write_text("total = 0\nfor i in range(4):\n    total += i\nprint(total)\n")
+    assert [_main_cached(tmp_path, run=n) for n in range(2)] == [False, True]
+    assert _main_cached(tmp_path, "--no-cache", run=2) is False

@@ -16,7 +16,7 @@
 | DAIFU_JOURNAL        | --journal        | the journal file (default under ~/.local/state)     |
 | DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
-| DAIFU_CACHE          |                  | code cache: a directory, 0 (off) or 1 (on); default |
+| DAIFU_CACHE          | --no-cache (=0)  | code cache: a directory, 0 (off) or 1 (on); default |
 |                      |                  | ~/.cache/daifu, read-only under python -B           |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
 """

@@ -55,6 +55,8 @@ environment variables (options override them; child processes inherit them):
   DAIFU_DUMP=1|FILE   print the rewritten bytecode (debugging)
   DAIFU_WAIT          like --wait; DAIFU_CONSOLE=0 like --no-console
   DAIFU_JOURNAL, DAIFU_REPLAY   like --journal, --replay
+  DAIFU_CACHE         code cache: a directory, 0 (off, like --no-cache) or 1;
+                      default ~/.cache/daifu (only read under python -B)
 
 examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
@@ -92,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="record crashes and patches here (JSON lines, mode 0600)")
     p.add_argument("--replay", metavar="JOURNAL",
                    help="re-apply the patches recorded in JOURNAL when the same crash recurs")
+    p.add_argument("--no-cache", action="store_true",
+                   help="rewrite vaccinated code at every start instead of using the code "
+                        "cache (~/.cache/daifu)")
     p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
     return p
 
@@ -162,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.journal = ns.journal
         if ns.replay:
             cfg.replay = ns.replay
+        if ns.no_cache:
+            cfg.cache = "0"
         cfg.validate()
         for path in cfg.fixes:
             if not os.path.isfile(path):
