@@ -72,7 +72,10 @@ def fingerprint() -> bytes:
     if _fingerprint is None:
         import bytecode
 
+        from .. import __version__
+
         h = hashlib.sha256(MAGIC)
+        h.update(__version__.encode())
         h.update(sys.version.encode())
         h.update(getattr(bytecode, "__version__", "?").encode())
         root = Path(__file__).resolve().parents[1]
