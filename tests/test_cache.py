@@ -168,6 +168,16 @@ def test_an_entry_naming_foreign_code_is_refused_unrun(cache, tmp_path):
     assert not _vaccinate()[1].cached
     assert not marker.exists()
 
+    # a dotted name inside a daifu module reaches what that module imported
+    def text(value: str) -> bytes:
+        return b"\x8c" + bytes([len(value)]) + value.encode()
+
+    escape = (b"\x80\x04" + text("daifu.cells._cache") + text("os.mkdir") + b"\x93"
+              + text(str(marker)) + b"\x85R.")
+    entry.write_bytes(head + escape)
+    assert not _vaccinate()[1].cached
+    assert not marker.exists()
+
 
 def test_entries_others_could_write_are_ignored(cache):
     _vaccinate()

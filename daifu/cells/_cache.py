@@ -102,13 +102,26 @@ class _Pickler(pickle.Pickler):
 _BUILTINS = frozenset({"complex", "frozenset", "set", "slice", "range", "bytearray", "Ellipsis"})
 
 
+def _ours(obj) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return isinstance(obj, (type, types.FunctionType)) and (
+        module == "daifu" or module.startswith("daifu."))
+
+
 class _Unpickler(pickle.Unpickler):
+    """Resolves only classes and functions defined by daifu (never a dotted
+    name: ``daifu.x`` + ``os.system`` would reach what a daifu module imported)
+    and the builtins that code constants need."""
+
     def find_class(self, module: str, name: str):
-        if module == "daifu" or module.startswith("daifu."):
-            return super().find_class(module, name)
-        if (module == "builtins" and name in _BUILTINS) or (
-                module == "copyreg" and name == "_reconstructor"):
-            return super().find_class(module, name)
+        if "." not in name:
+            if module == "daifu" or module.startswith("daifu."):
+                obj = super().find_class(module, name)
+                if _ours(obj):
+                    return obj
+            elif (module == "builtins" and name in _BUILTINS) or (
+                    module == "copyreg" and name == "_reconstructor"):
+                return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a daifu cache entry refers to {module}.{name}")
 
 

@@ -110,6 +110,7 @@ def _check_version(report: Report) -> object | None:
     module, reason = backend()
     if module is None:
         report.skipped.append(("*", reason or "unsupported Python"))
+        report.skipped_lines.append(None)
         if options.strict:
             raise TransformError(reason or "unsupported Python", filename=report.filename,
                                  reason=reason or "")
