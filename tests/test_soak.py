@@ -2,12 +2,14 @@
 
 ``toolz`` (every function, ``DAIFU_ENTRY='**'``, and the default ``'*'``) and
 ``networkx`` (``'*'``: every function with a loop, ~1000 functions, ~5800
-tests) run under ``python -m daifu -m pytest --pyargs``.
+tests) run under ``python -m daifu -m pytest --pyargs``; toolz also a second
+time with every module loaded from the code cache.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,13 +19,15 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def soak(tmp_path, package, entry, timeout):
+def soak(tmp_path, package, entry, timeout, env=None):
     log = tmp_path / "events.jsonl"
+    log.unlink(missing_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "daifu", "--modules", package, "--entry", entry, "--log", str(log),
          "--log-level", "debug", "-m", "pytest", "--pyargs", package, "-q", "-p",
          "no:cacheprovider", "-x"],
         cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     functions = sum(len(e["functions"]) for e in events if e["event"] == "module.vaccinated")
@@ -40,6 +44,17 @@ def test_toolz_suite_passes_vaccinated(tmp_path, entry, min_functions):
     assert functions >= min_functions
     assert skipped == []
     assert not [e for e in events if e["event"] == "daifu.internal_error"]
+
+
+def test_toolz_suite_passes_on_code_loaded_from_the_cache(tmp_path):
+    env = {"DAIFU_CACHE": str(tmp_path / "cache")}
+    first = soak(tmp_path, "toolz", "**", 600, env)
+    proc, passed, functions, skipped, events = soak(tmp_path, "toolz", "**", 600, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert passed == first[1] >= 190 and functions == first[2] >= 150
+    modules = [e for e in events if e["event"] == "module.vaccinated" and e["functions"]]
+    assert modules and all(e["cached"] for e in modules)
+    assert not [e for e in first[4] if e["event"] == "module.vaccinated" and e["cached"]]
 
 
 def test_networkx_suite_passes_vaccinated(tmp_path):
