@@ -8,16 +8,22 @@ import what they need.  Everything is CPU, synthetic and seeded.
   data and environment;
 * ``iteration_done(tag)`` -- marks the end of a training/evaluation iteration
   (for restore-time measurement; a no-op unless ``DAIFU_BENCH_LOG`` is set);
-* ``save(module_or_state, path)`` -- the final parameters the proof compares.
+* ``save(module_or_state, path)`` -- the final parameters the proof compares;
+* ``train_epoch()`` (vision), ``discounted()``, ``run_episode()`` and
+  ``rl_main()`` (RL) -- the parts of the training programs that several cases
+  share and that are not where their crash happens (a crash site must stay in
+  the case's own script: that is the module ``python -m daifu`` vaccinates).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 _LOG = os.environ.get("DAIFU_BENCH_LOG")
@@ -63,6 +69,16 @@ class ImageSet(Dataset):
 
 def mnist_like(n: int = 512, seed: int = 1) -> ImageSet:
     return ImageSet(n, seed)
+
+
+def train_epoch(model, loader, opt, epoch):
+    model.train()
+    for step, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iteration_done(f"train {epoch} {step}")
 
 
 class SmallCNN(nn.Module):
@@ -156,3 +172,37 @@ class Policy(nn.Module):
 
     def forward(self, obs):
         return self.net(obs)
+
+
+GAMMA = 0.95
+
+
+def discounted(rewards):
+    out, running = [], 0.0
+    for r in reversed(rewards):
+        running = r + GAMMA * running
+        out.append(running)
+    return torch.tensor(out[::-1])
+
+
+def run_episode(env, policy, g):
+    obs, logps, rewards, done = env.reset(), [], [], False
+    while not done:
+        probs = torch.softmax(policy(obs), -1)
+        action = torch.multinomial(probs, 1, generator=g).item()
+        logps.append(torch.log(probs[action]))
+        obs, reward, done = env.step(action)
+        rewards.append(reward)
+    return logps, rewards
+
+
+def rl_main(train, episodes: int = 30) -> None:
+    """``--out FILE``; a Policy trained with Adam by ``train(policy, opt, episodes)``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    setup_determinism()
+    policy = Policy()
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    train(policy, opt, episodes)
+    save(policy, args.out)

@@ -10,6 +10,10 @@ mid-run), ``corrected.py`` (the fixed program, the reference) or
 its in-situ fix: ``fix.py`` (rules, possibly editing the source and
 returning ``daifu.RELOAD``) and/or ``session.txt`` (console commands sent
 over the control socket, one per line, as a person would type them).
+A case may instead name another case's folder in ``"program"`` and run those
+programs with its own ``"args"`` (cnn_loader_corrupt_w2 = w0 with workers).
+Code several programs share lives in ``_common.py``; a crash site never does
+(only the script itself is vaccinated).
 
 For every case the runner checks that the crash was intercepted at the
 expected statement with the expected exception, that the fix was applied and
@@ -47,6 +51,13 @@ class Case:
     @property
     def fast(self) -> bool:
         return bool(self.meta.get("fast"))
+
+    @property
+    def programs(self) -> Path:
+        """The folder with the case's programs and fix: its own, or the one
+        ``"program"`` names (a case that runs another's programs with other
+        ``"args"``)."""
+        return HERE / self.meta.get("program", self.name)
 
 
 @dataclass
@@ -151,7 +162,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
                  note=meta.get("note", ""))
     work = workdir / case.name
     for side in ("reference", "live"):  # separate trees: runs leave files behind
-        shutil.copytree(case.path, work / side / case.name)
+        shutil.copytree(case.programs, work / side / case.name)
         shutil.copy(HERE / "_common.py", work / side / "_common.py")
     rdir, cdir = work / "reference" / case.name, work / "live" / case.name
     args = meta.get("args", [])
@@ -215,7 +226,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         reports = [e for e in events if e["event"] == "crash.report"]
         said = " ".join(x for r in reports for x in r.get("done_before", []))
         if meta["mutating_call"] not in said:
-            res.problems.append(f"the report did not warn about {meta['mutating_call']!r}: {said!r}")
+            res.problems.append(
+                f"the report did not warn about {meta['mutating_call']!r}: {said!r}")
 
     # 3. proof: bit-identical parameters
     if (cdir / "live.pt").exists():
@@ -228,7 +240,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     # 4. a blind retry would have been wrong (non-idempotent cases)
     if meta.get("blind_fix"):
         shutil.rmtree(cdir)
-        shutil.copytree(case.path, cdir)
+        shutil.copytree(case.programs, cdir)
         blind = subprocess.run([sys.executable, "-m", "daifu", "--log", str(work / "blind.jsonl"),
                                 "--fixes", meta["blind_fix"], "buggy.py", "--out", "blind.pt",
                                 *args], cwd=cdir, capture_output=True, text=True,
@@ -236,7 +248,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         if blind.returncode != 0:
             res.problems.append(f"the blind-retry run failed: {blind.stderr[-1000:]}")
         elif _identical(_load(cdir / "blind.pt"), _load(rdir / "reference.pt")):
-            res.problems.append("a blind retry gave the exact result too: not a non-idempotent case")
+            res.problems.append(
+                "a blind retry gave the exact result too: not a non-idempotent case")
 
     # 5. restore time vs restart from scratch
     crash_t = _stamp(first)

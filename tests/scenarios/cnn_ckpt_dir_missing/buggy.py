@@ -7,19 +7,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-import torch.nn.functional as F
-from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinism
+from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinism, train_epoch
 from torch.utils.data import DataLoader
-
-
-def train_epoch(model, loader, opt, epoch):
-    model.train()
-    for step, (x, y) in enumerate(loader):
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        iteration_done(f"train {epoch} {step}")
 
 
 def main():

@@ -1,7 +1,9 @@
 """Vision CNN: each epoch streams a fresh shard of records, decoded by the
 Dataset on access.  Record 100 of shard 1 cannot be decoded: __getitem__
-raises, and the DataLoader (num_workers=0) raises it from the ``for`` header
-of the training loop in epoch 1."""
+raises, and the DataLoader raises it from the ``for`` header of the training
+loop in epoch 1.  With ``--workers N`` (case cnn_loader_corrupt_w2) the record
+fails in a worker process and the DataLoader re-raises it in the main process
+when the failed batch is reached."""
 
 import argparse
 import os
@@ -15,7 +17,6 @@ from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinis
 from torch.utils.data import DataLoader, Dataset
 
 CORRUPT_SHARD, CORRUPT_RECORD = 1, 100
-WORKERS = 0
 
 
 class RecordShard(Dataset):
@@ -34,8 +35,8 @@ class RecordShard(Dataset):
         return self.records[i]
 
 
-def make_loader(shard):
-    return DataLoader(shard, batch_size=32, shuffle=False, num_workers=WORKERS,
+def make_loader(shard, workers):
+    return DataLoader(shard, batch_size=32, shuffle=False, num_workers=workers,
                       persistent_workers=False)
 
 
@@ -54,12 +55,13 @@ def train_epoch(model, loader, opt, epoch):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     args = parser.parse_args()
     setup_determinism()
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(3):
-        train_epoch(model, make_loader(RecordShard(epoch)), opt, epoch)
+        train_epoch(model, make_loader(RecordShard(epoch), args.workers), opt, epoch)
         iteration_done(f"epoch {epoch}")
     save(model, args.out)
 

@@ -15,7 +15,6 @@ from _common import SmallCNN, iteration_done, mnist_like, save, setup_determinis
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 CORRUPT_SHARD, CORRUPT_RECORD = 1, 100
-WORKERS = 0
 
 
 class RecordShard(Dataset):
@@ -34,10 +33,10 @@ class RecordShard(Dataset):
         return self.records[i]
 
 
-def make_loader(shard):
+def make_loader(shard, workers):
     batches = [b for b in BatchSampler(SequentialSampler(shard), 32, drop_last=False)
                if not shard.corrupt.intersection(b)]  # skip the batch with the corrupt record
-    return DataLoader(shard, batch_sampler=batches, num_workers=WORKERS,
+    return DataLoader(shard, batch_sampler=batches, num_workers=workers,
                       persistent_workers=False)
 
 
@@ -56,12 +55,13 @@ def train_epoch(model, loader, opt, epoch):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     args = parser.parse_args()
     setup_determinism()
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(3):
-        train_epoch(model, make_loader(RecordShard(epoch)), opt, epoch)
+        train_epoch(model, make_loader(RecordShard(epoch), args.workers), opt, epoch)
         iteration_done(f"epoch {epoch}")
     save(model, args.out)
 

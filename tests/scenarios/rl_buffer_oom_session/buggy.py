@@ -3,25 +3,15 @@ agent earns a novelty bonus for rarely visited cells, counted in a replay
 buffer of visited observations -- allocated with a capacity off by nine
 orders of magnitude: the CPU allocator refuses (out of memory)."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+from _common import GridWorld, discounted, iteration_done, rl_main
 
-GAMMA = 0.95
 NOVELTY_FROM, NOVELTY_SCALE = 10, 0.05
-
-
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
 
 
 def run_episode(env, policy, g):
@@ -58,16 +48,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 30)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train)

@@ -4,16 +4,14 @@ reset once mid-run (request 250, in episode 8).  The server refuses the
 request before touching the environment, so resending the same step is exact
 -- corrected: the step is resent on a ConnectionError."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+from _common import GridWorld, discounted, iteration_done, rl_main
 
-GAMMA = 0.95
 DROPPED_REQUEST = 250  # the simulated network drops this one request
 
 
@@ -29,14 +27,6 @@ class RemoteGridWorld(GridWorld):
         if self.requests == self.dropped:  # the server never saw this request
             raise ConnectionResetError(104, "Connection reset by peer")
         return super().step(action)
-
-
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
 
 
 def run_episode(env, policy, g):
@@ -67,16 +57,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 30)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train)

@@ -3,35 +3,13 @@ returns are shifted and rescaled in place -- with a scale vector of the wrong
 shape.  The failing statement has already shifted ``ret`` when it raises: a
 blind retry shifts it twice (non-idempotent)."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
-
-GAMMA = 0.95
-
-
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
-
-
-def run_episode(env, policy, g):
-    obs, logps, rewards, done = env.reset(), [], [], False
-    while not done:
-        probs = torch.softmax(policy(obs), -1)
-        action = torch.multinomial(probs, 1, generator=g).item()
-        logps.append(torch.log(probs[action]))
-        obs, reward, done = env.step(action)
-        rewards.append(reward)
-    return logps, rewards
+from _common import GridWorld, discounted, iteration_done, rl_main, run_episode
 
 
 def train(policy, opt, episodes):
@@ -50,16 +28,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 40)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train, episodes=40)

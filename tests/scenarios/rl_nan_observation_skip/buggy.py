@@ -3,16 +3,14 @@ position from a noisy sensor every step; one reading (episode 9, reading 5)
 comes back NaN.  The step loop validates each reading and raises on a
 non-finite one: the run dies mid-training on a single corrupted frame."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+from _common import GridWorld, discounted, iteration_done, rl_main
 
-GAMMA = 0.95
 MAX_STEPS = 40
 
 
@@ -42,14 +40,6 @@ def check_observation(obs):
         raise ValueError("non-finite observation")
 
 
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
-
-
 def run_episode(env, policy, g):
     env.reset()
     logps, rewards = [], []
@@ -77,16 +67,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 30)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train)

@@ -4,16 +4,14 @@ comes back NaN.  The reference drops a non-finite reading explicitly: the step
 is skipped (no action, no reward) and the next step reads the sensor again,
 with fresh noise -- exactly what ``daifu.CONTINUE`` does at the crash."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+from _common import GridWorld, discounted, iteration_done, rl_main
 
-GAMMA = 0.95
 MAX_STEPS = 40
 
 
@@ -36,14 +34,6 @@ class SensorGridWorld(GridWorld):
             obs[self.pos[0] * self.size + self.pos[1]] = float("nan")
         self.readings += 1
         return obs
-
-
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
 
 
 def run_episode(env, policy, g):
@@ -74,16 +64,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 30)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train)

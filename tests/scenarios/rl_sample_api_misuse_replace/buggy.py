@@ -4,16 +4,14 @@ helper's temperature path hands the scaled logits, not probabilities, to
 torch.multinomial: "probability tensor contains either inf, nan or element
 < 0".  The bug is in a helper, not in the running loop."""
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-from _common import GridWorld, Policy, iteration_done, save, setup_determinism
+from _common import GridWorld, discounted, iteration_done, rl_main
 
-GAMMA = 0.95
 EXPLOIT_FROM, EXPLOIT_TEMPERATURE = 10, 0.5
 
 
@@ -25,14 +23,6 @@ def select_action(logits, g, temperature):
         probs = logits / temperature  # BUG: scaled logits are not probabilities
     action = torch.multinomial(probs, 1, generator=g).item()
     return action, torch.log(probs[action])
-
-
-def discounted(rewards):
-    out, running = [], 0.0
-    for r in reversed(rewards):
-        running = r + GAMMA * running
-        out.append(running)
-    return torch.tensor(out[::-1])
 
 
 def run_episode(env, policy, g, temperature):
@@ -57,16 +47,5 @@ def train(policy, opt, episodes):
         iteration_done(f"episode {episode}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    setup_determinism()
-    policy = Policy()
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    train(policy, opt, 30)
-    save(policy, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    rl_main(train)
