@@ -409,3 +409,30 @@ def test_continue_refused_across_with_block():
     with pytest.raises(ZeroDivisionError):
         m["guarded"]([0], [])
     assert reasons and "with" in reasons[0]
+
+
+LEAVING = '''
+def returns(box):
+    for _ in range(1):
+        pass
+    return 100 // box[0]
+
+def caught_on_retry(box):
+    try:
+        for _ in range(1):
+            y = box[0]
+    except KeyError:
+        return "caught"
+    return y
+'''
+
+
+def test_a_retry_that_returns_or_raises_again_is_over_and_frees_the_frame(engine):
+    m = vaccinate(LEAVING)
+    retry_setting(box=[4])
+    assert m["returns"]([0]) == 25  # the retried statement is the return itself
+    assert engine.stats["recovered"] == 1 and not engine._pending
+    engine.reset()
+    retry_setting(box={})  # the retry raises KeyError, which the function catches
+    assert m["caught_on_retry"]([]) == "caught"
+    assert not engine._pending

@@ -873,6 +873,8 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
                 ins.arg = inner[t] if t != run.start else run.copy
             else:
                 ins = Instr(_FORWARD.get(ins.name, ins.name), tramp[t], location=ins.location)
+        elif ins.name == "RETURN_VALUE":  # leaving the frame completes the statement too
+            items.extend(_Item(i, key) for i in _resumed_call(resumed, run.cell, ins.location))
         items.append(_Item(ins, key))
     loc = ops[run.start].instr.location
     # fall-through exit first so that it is reached without a jump
@@ -882,15 +884,20 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
         tkey = ops[t].entry if t < len(ops) else None
         if tkey is not None and ops[t].depth is not None and tkey[2] > ops[t].depth:
             tkey = None
-        for ins in [
-            _instr("PUSH_NULL", loc=loc),
-            _instr("LOAD_CONST", resumed, loc),
-            _instr("LOAD_CONST", run.cell, loc),
-            *_call(1, loc),
-            _instr("POP_TOP", loc=loc),
-            _instr("JUMP_BACKWARD", label_for(t), loc),
-        ]:
+        for ins in [*_resumed_call(resumed, run.cell, loc),
+                    _instr("JUMP_BACKWARD", label_for(t), loc)]:
             items.append(_Item(ins, tkey))
+
+
+def _resumed_call(resumed, cell: Cell, loc) -> list[Instr]:
+    """``resumed(cell)``, stack unchanged: how a retry copy says it completed."""
+    return [
+        _instr("PUSH_NULL", loc=loc),
+        _instr("LOAD_CONST", resumed, loc),
+        _instr("LOAD_CONST", cell, loc),
+        *_call(1, loc),
+        _instr("POP_TOP", loc=loc),
+    ]
 
 
 def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:

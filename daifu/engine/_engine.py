@@ -91,16 +91,9 @@ class Engine:
 
     def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
                      frame: types.FrameType) -> int:
-        if not isinstance(exc, Exception) or isinstance(exc, _NOT_CRASHES):
-            return RAISE_CODE
-        if id(exc) in self._gave_up or getattr(self._tls, "busy", False):
-            return RAISE_CODE
-        if not (cell.can_retry or cell.can_skip or cell.can_continue):
-            return RAISE_CODE  # nothing to do here: let the next vaccinated caller try
-        exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
-        if would_catch(cell.guards, exc, frame, exits):
-            return RAISE_CODE
-        if handled_above(frame, exc, self.target_files):
+        if not self._is_crash(exc, cell, stack, frame):
+            if self._pending:  # a retry that raised again and is not a crash: it is over
+                self._pending.pop((id(frame), cell), None)
             return RAISE_CODE
         with self._lock:
             self._tls.busy = True
@@ -108,6 +101,18 @@ class Engine:
                 return self._handle(exc, cell, lasti, stack, frame)
             finally:
                 self._tls.busy = False
+
+    def _is_crash(self, exc: BaseException, cell: Cell, stack: tuple,
+                  frame: types.FrameType) -> bool:
+        if not isinstance(exc, Exception) or isinstance(exc, _NOT_CRASHES):
+            return False
+        if id(exc) in self._gave_up or getattr(self._tls, "busy", False):
+            return False
+        if not (cell.can_retry or cell.can_skip or cell.can_continue):
+            return False  # nothing to do here: let the next vaccinated caller try
+        exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
+        return not (would_catch(cell.guards, exc, frame, exits)
+                    or handled_above(frame, exc, self.target_files))
 
     def on_resumed(self, cell: Cell, frame: types.FrameType) -> None:
         pending = self._pending.pop((id(frame), cell), None)
