@@ -322,3 +322,17 @@ def gen():
     next(g)
     g.close()
     assert seen == []
+
+
+def test_statement_text_survives_form_feeds_and_unicode_line_separators():
+    # str.splitlines() would split these lines: the AST's line numbers do not
+    from daifu.cells._source import ModuleSource
+
+    source = "x = '\u2028'\n\x0c\ndef f(xs):\n    try:\n        return xs[0]\n" \
+             "    except IndexError:\n        return None\n"
+    m = vaccinate(source)
+    info = cells_of(m["f"].__code__)
+    assert "return xs[0]" in [c.source for c in info.cells]
+    guard = next(c for c in info.cells if c.source == "return xs[0]").guards[0]
+    assert guard.clauses[0].text == "except IndexError:"
+    assert ModuleSource(source, "ff.py").line(5) == "return xs[0]"

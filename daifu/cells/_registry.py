@@ -17,15 +17,16 @@ from ._source import ModuleSource
 class LoadedFile:
     filename: str
     module: str | None
-    _msrc: ModuleSource | None
     selection: object  # cells._transform.Selection
-    source: str | None = None
+    source: str
+    _msrc: ModuleSource | None = None
 
     @property
     def msrc(self) -> ModuleSource:
-        """The parsed source (parsed on first use for code loaded from the cache)."""
+        """The parsed source (parsed on first use: code loaded from the cache
+        was never parsed)."""
         if self._msrc is None:
-            self._msrc = ModuleSource(self.source or "", self.filename)
+            self._msrc = ModuleSource(self.source, self.filename)
         return self._msrc
 
 
@@ -33,15 +34,10 @@ _lock = threading.Lock()
 _files: dict[str, LoadedFile] = {}
 
 
-def record(filename: str, module: str | None, msrc: ModuleSource, selection) -> None:
+def record(filename: str, module: str | None, selection, source: str,
+           msrc: ModuleSource | None = None) -> None:
     with _lock:
-        _files[filename] = LoadedFile(filename, module, msrc, selection)
-
-
-def record_source(filename: str, module: str | None, source: str, selection) -> None:
-    """Like ``record`` for code loaded from the cache: parse only if needed."""
-    with _lock:
-        _files[filename] = LoadedFile(filename, module, None, selection, source)
+        _files[filename] = LoadedFile(filename, module, selection, source, msrc)
 
 
 def get(filename: str) -> LoadedFile | None:

@@ -158,8 +158,10 @@ class ModuleSource:
     def __init__(self, source: str, filename: str, tree: ast.Module | None = None):
         self.source = source
         self.filename = filename
-        self.lines = source.splitlines()
-        self._raw: list[bytes] | None = None
+        # the tokenizer's line breaks only (str.splitlines also splits on form
+        # feeds and U+2028, which would shift every line after them)
+        self._raw = source.encode("utf-8", "surrogatepass").splitlines(True)
+        self.lines = [line.decode("utf-8", "surrogatepass").rstrip("\r\n") for line in self._raw]
         self.tree = tree if tree is not None else ast.parse(source, filename)
         self._scopes: dict[tuple[str, int], ast.AST] = {}
         self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
@@ -257,8 +259,6 @@ class ModuleSource:
             col, end_col = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
         except AttributeError:
             return None
-        if self._raw is None:
-            self._raw = [line.encode() for line in self.source.splitlines(True)]
         raw = self._raw
         if not (0 <= first <= last < len(raw)):
             return None

@@ -9,6 +9,7 @@ rewritten is reported (warning + structured event) and left unmodified, unless
 from __future__ import annotations
 
 import ast
+import dataclasses
 import dis
 import io
 import sys
@@ -171,7 +172,7 @@ def vaccinate_module(
 
     new_code = walk(code)
     _register(msrc.filename)
-    _registry.record(msrc.filename, module, msrc, selection)
+    _registry.record(msrc.filename, module, selection, msrc.source, msrc)
     return new_code, report
 
 
@@ -199,7 +200,7 @@ def vaccinate_source(
                 # the same warnings (or strict error) as when it was rewritten
                 _not_vaccinated(report, qualname, reason, line, record=False)
             _register(filename)
-            _registry.record_source(filename, module, source, selection)
+            _registry.record(filename, module, selection, source)
             return code, report
     tree = ast.parse(source, filename)
     code = compile(tree, filename, "exec", dont_inherit=True)
@@ -244,9 +245,13 @@ def vaccinate_function(fn: Callable) -> bool:
     fn.__code__ = new
     _register(report.filename)
     known = _registry.get(code.co_filename)
-    entries = (known.selection.entries if known else ()) + (code.co_qualname,)
-    _registry.record(code.co_filename, getattr(fn, "__module__", None), msrc,
-                     Selection(entries=entries))
+    if known is None:
+        _registry.record(code.co_filename, getattr(fn, "__module__", None),
+                         Selection(entries=(code.co_qualname,)), msrc.source, msrc)
+    else:  # the file's own selection and source, plus this function
+        selection = dataclasses.replace(
+            known.selection, entries=known.selection.entries + (code.co_qualname,))
+        _registry.record(known.filename, known.module, selection, known.source, known._msrc)
     return True
 
 

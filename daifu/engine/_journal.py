@@ -197,7 +197,7 @@ class Replay:
             sources, before = record.get("sources", {}), record.get("before", {})
             for path in sources:
                 loaded = _registry.get(path)
-                live = loaded.msrc.source if loaded is not None else None
+                live = loaded.source if loaded is not None else None
                 if live is None or _sha(live) != before.get(path):
                     emit(ReplaySkipped(where=crash.where, reason=(
                         f"the recorded reload of {path} was made against other source; "

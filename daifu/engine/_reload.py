@@ -144,7 +144,7 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
         result.changes.append(change)
     for f in files.values():
         if f.loaded is not None:
-            _registry.record(f.filename, f.loaded.module, f.msrc, f.loaded.selection)
+            _registry.record(f.filename, f.loaded.module, f.loaded.selection, f.msrc.source, f.msrc)
         linecache.cache[f.filename] = (len(f.new), None, f.new.splitlines(True), f.filename)
     return result
 
@@ -171,7 +171,7 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
                     new = fh.read()
             except OSError:
                 continue
-        old = loaded.msrc.source if loaded is not None else "".join(linecache.getlines(path))
+        old = loaded.source if loaded is not None else "".join(linecache.getlines(path))
         if new == old:
             continue
         try:
