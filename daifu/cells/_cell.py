@@ -20,6 +20,10 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+#: what a crash barrier answers; the stub the rewrite appends to every cell
+#: dispatches on it (anything else re-raises the exception)
+RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE, NEW_CODE = 0, 1, 2, 3, 4
+
 
 @dataclass(frozen=True)
 class Ref:

@@ -8,11 +8,12 @@ statement's instructions that can be re-executed from its start) the rewrite
   CPython then unwinds only to that depth: outer loop iterators, ``with``
   exits and ``except`` state stay on the value stack, the frame stays alive;
 * the stub calls the engine's barrier ``barrier(exc, cell, lasti, stackvals)``
-  while the frame is suspended and dispatches on its answer: 0 retry, 1 skip,
-  anything else re-raise.  The re-raise is a ``RERAISE 1`` covered by the
-  exception-table entry the instruction originally had, so the user's handlers,
-  ``with`` exits and ``finally`` blocks run exactly as before, with the original
-  traceback and ``f_lasti``;
+  while the frame is suspended and dispatches on its answer (``_cell``'s
+  ``*_CODE``): retry, skip, continue, new code; anything else re-raises.  The
+  re-raise is a ``RERAISE 1`` covered by the exception-table entry the
+  instruction originally had, so the user's handlers, ``with`` exits and
+  ``finally`` blocks run exactly as before, with the original traceback and
+  ``f_lasti``;
 * retry jumps to a *copy* of the cell whose exits pass through a small
   trampoline calling ``resumed(cell)`` -- that is how the engine learns that the
   retried statement completed, without any cost when nothing crashed.
@@ -31,6 +32,10 @@ from bytecode import Bytecode, Compare, Instr, Label, TryBegin, TryEnd
 from bytecode.instr import CellVar, FreeVar, InstrLocation
 
 from ._cell import (
+    CONTINUE_CODE,
+    NEW_CODE,
+    RETRY_CODE,
+    SKIP_CODE,
     Cell,
     Clause,
     CodeInfo,
@@ -47,8 +52,6 @@ assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 
 
 PYTHON = (3, 11)
 
-#: stub answers (the barrier returns one of these; anything else re-raises)
-RETRY, SKIP, RAISE, CONTINUE, NEW_CODE = 0, 1, 2, 3, 4
 
 
 class Unsupported(Exception):
@@ -925,21 +928,21 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
     if run.cell.can_retry:
         body += [
             _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", RETRY, loc),
+            _instr("LOAD_CONST", RETRY_CODE, loc),
             _instr("COMPARE_OP", Compare.EQ, loc),
             _instr("POP_JUMP_FORWARD_IF_TRUE", on_retry, loc),
         ]
     if run.skip_target is not None and run.cell.can_skip:
         body += [
             _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", SKIP, loc),
+            _instr("LOAD_CONST", SKIP_CODE, loc),
             _instr("COMPARE_OP", Compare.EQ, loc),
             _instr("POP_JUMP_FORWARD_IF_TRUE", on_skip, loc),
         ]
     if run.continue_target is not None:
         body += [
             _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", CONTINUE, loc),
+            _instr("LOAD_CONST", CONTINUE_CODE, loc),
             _instr("COMPARE_OP", Compare.EQ, loc),
             _instr("POP_JUMP_FORWARD_IF_TRUE", on_continue, loc),
         ]

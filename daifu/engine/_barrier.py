@@ -1,18 +1,19 @@
-"""The two functions the rewritten bytecode calls.  Both are entered only
-after an exception (``barrier``) or after a retried statement completed
-(``resumed``); the normal execution path never reaches them."""
+"""The functions the rewritten bytecode calls.  They are entered only after
+an exception (``barrier``), after a retried statement completed (``resumed``)
+or to continue in reloaded code (``take_continuation``); the normal execution
+path never reaches them."""
 
 from __future__ import annotations
 
 import sys
 
-from ..cells._cell import Cell
-from ._engine import ENGINE, RAISE_CODE
+from ..cells._cell import RAISE_CODE, Cell
+from ._engine import ENGINE
 
 
 def barrier(exc: BaseException, cell: Cell, lasti: int, stack: tuple) -> int:
-    """Crash barrier: return 0 (retry), 1 (skip) or 2 (re-raise the exception
-    exactly as it was).  Never raises."""
+    """Crash barrier: return one of ``_cell``'s ``*_CODE`` answers (``RAISE_CODE``:
+    re-raise the exception exactly as it was).  Never raises."""
     try:
         return ENGINE.on_exception(exc, cell, lasti, stack, sys._getframe(1))
     except BaseException:  # daifu must never make a crash worse

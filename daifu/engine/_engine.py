@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PatchError
-from ..cells._cell import Cell, cells_of
+from ..cells._cell import (
+    CONTINUE_CODE,
+    NEW_CODE,
+    RAISE_CODE,
+    RETRY_CODE,
+    SKIP_CODE,
+    Cell,
+    cells_of,
+)
 from ._crash import Crash
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
@@ -47,9 +55,6 @@ from ._events import (
 from ._guards import handled_above, would_catch
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._rules import RuleBook
-
-#: what the stub understands (see ``daifu.cells._py311``)
-RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE, NEW_CODE = 0, 1, 2, 3, 4
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
 
