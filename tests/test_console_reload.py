@@ -207,3 +207,34 @@ def test_journal_records_and_replay_matches_by_statement(tmp_path, module):
     ENGINE.reset()
     with pytest.raises(ZeroDivisionError):  # the journal entry was used up
         mod.work([0], [])
+
+
+def test_journal_numbers_every_crash_and_survives_unprintable_exceptions(tmp_path, module,
+                                                                          monkeypatch):
+    mod, _ = module
+    path = tmp_path / "j.jsonl"
+    ENGINE.journal = Journal(str(path))
+    internal = []
+    monkeypatch.setattr(ENGINE, "_internal", lambda what, crash: internal.append(what))
+
+    class Unprintable(ZeroDivisionError):
+        def __str__(self):
+            raise RuntimeError("broken __str__")
+
+    class Bad:
+        def __rfloordiv__(self, other):
+            raise Unprintable()
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        if isinstance(crash.exception, Unprintable):
+            return daifu.SKIP
+        crash.vars["x"] = Bad()  # the retry raises an exception with a broken __str__
+        return daifu.RETRY
+
+    assert mod.work([0, 0], []) == [0, 0]
+    crashes = [json.loads(line) for line in path.read_text().splitlines()
+               if json.loads(line)["type"] == "crash"]
+    assert [r["crash"] for r in crashes] == [1, 2, 3, 4]  # one number per crash
+    assert [r["message"] for r in crashes][1::2] == ["<unprintable>", "<unprintable>"]
+    assert internal == []

@@ -95,8 +95,25 @@ class Crash(Capabilities):
 
     def __repr__(self) -> str:
         exc = self.exception
-        return (f"<Crash {type(exc).__name__}: {str(exc)[:60]!r} in {self.function} at "
+        return (f"<Crash {type(exc).__name__}: {exception_text(exc, 60)!r} in {self.function} at "
                 f"{self.where} attempt={self.attempt}>")
+
+
+def exception_text(exc: BaseException | None, limit: int = 500, with_type: bool = False,
+                   one_line: bool = False) -> str:
+    """``str(exc)`` that never raises (a broken ``__str__`` must not break a
+    report, log line or journal record), at most ``limit`` characters."""
+    if exc is None:
+        return ""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<unprintable>"
+    if one_line:
+        text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__qualname__}: {text}" if with_type else text
 
 
 def _position(code: types.CodeType, lasti: int) -> tuple | None:

@@ -39,7 +39,7 @@ from ..cells._cell import (
     Cell,
     cells_of,
 )
-from ._crash import Crash
+from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
     CrashGaveUp,
@@ -142,7 +142,7 @@ class Engine:
         try:
             emit(CrashIntercepted(
                 where=crash.where, function=crash.function, statement=crash.statement,
-                exc_type=type(exc).__qualname__, message=_message(exc), attempt=attempt,
+                exc_type=type(exc).__qualname__, message=exception_text(exc), attempt=attempt,
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
             self._record("crash", crash)
             for observer in list(self.observers):
@@ -188,7 +188,8 @@ class Engine:
             try:
                 verdict = rule.fn(crash)
             except Exception as err:
-                emit(RuleFailed(rule=rule.origin, where=crash.where, error=_message(err, True),
+                emit(RuleFailed(rule=rule.origin, where=crash.where,
+                                error=exception_text(err, with_type=True),
                                 traceback="".join(traceback.format_exception(err))))
                 continue
             finally:
@@ -391,7 +392,7 @@ class Engine:
         try:
             err = sys.exc_info()[1]
             emit(InternalError(where=crash.where if crash else what,
-                               error=f"{what}: {_message(err, True)}",
+                               error=f"{what}: {exception_text(err, with_type=True)}",
                                traceback=traceback.format_exc()))
         except BaseException:
             pass
@@ -434,14 +435,14 @@ def _exec_in_frame(crash: Crash, code: str) -> None:
         try:
             exec(compiled, namespace)
         except Exception as err:
-            raise PatchError(f"code raised {_message(err, True)}") from err
+            raise PatchError(f"code raised {exception_text(err, with_type=True)}") from err
         return
     before = dict(frame.f_locals)
     namespace = dict(before)
     try:
         exec(compiled, frame.f_globals, namespace)
     except Exception as err:
-        raise PatchError(f"code raised {_message(err, True)}") from err
+        raise PatchError(f"code raised {exception_text(err, with_type=True)}") from err
     names = ctx.names or frozenset()
     changed = {k: v for k, v in namespace.items()
                if k in names and (k not in before or before[k] is not v)}
@@ -450,18 +451,6 @@ def _exec_in_frame(crash: Crash, code: str) -> None:
     if changed or deleted:
         ctx.update_many(changed, deleted)
     frame.f_globals.update(new_globals)
-
-
-def _message(exc: BaseException | None, with_type: bool = False) -> str:
-    if exc is None:
-        return ""
-    try:
-        text = str(exc)
-    except Exception:
-        text = "<unprintable>"
-    if len(text) > 500:
-        text = text[:497] + "..."
-    return f"{type(exc).__qualname__}: {text}" if with_type else text
 
 
 def _where(cell: Cell) -> str:

@@ -19,11 +19,13 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DaifuWarning
 from ..cells import _registry
+from ._crash import exception_text
 from ._decision import Decision
 from ._events import Event, emit
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
@@ -65,7 +67,8 @@ class Journal:
         self.path = os.path.abspath(path)
         self._fd: int | None = None
         self._lock = threading.Lock()
-        self._ids: dict[int, int] = {}
+        # numbers by crash object, not id(): ids of handled crashes are reused
+        self._ids: weakref.WeakKeyDictionary[Crash, int] = weakref.WeakKeyDictionary()
         self._next = 1
 
     def _write(self, record: dict) -> None:
@@ -81,16 +84,16 @@ class Journal:
             os.write(self._fd, line)
 
     def crash_id(self, crash: Crash) -> int:
-        key = id(crash)
-        if key not in self._ids:
-            self._ids[key] = self._next
-            self._next += 1
-        return self._ids[key]
+        with self._lock:
+            if crash not in self._ids:
+                self._ids[crash] = self._next
+                self._next += 1
+            return self._ids[crash]
 
     def crash(self, crash: Crash) -> None:
         self._write({"type": "crash", "crash": self.crash_id(crash), "pid": os.getpid(),
                      "key": crash_key(crash), "where": crash.where, "attempt": crash.attempt,
-                     "message": str(crash.exception)[:2000]})
+                     "message": exception_text(crash.exception, 2000)})
 
     def patch(self, crash: Crash | None, patch: Patch, status: str = "applied",
               error: str | None = None) -> None:

@@ -21,6 +21,8 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._crash import exception_text
+
 if TYPE_CHECKING:
     from ._crash import Crash
 
@@ -80,7 +82,7 @@ def build(crash: Crash, context: int = 3) -> Report:
             break
         lines.append((n, text, lineno <= n <= end))
     return Report(
-        title=f"{type(exc).__qualname__}: {_one_line(exc)}",
+        title=f"{type(exc).__qualname__}: {exception_text(exc, 300, one_line=True)}",
         where=f"{crash.where} in {crash.function}()",
         statement=crash.statement,
         source=lines,
@@ -89,15 +91,6 @@ def build(crash: Crash, context: int = 3) -> Report:
         done_before=done_before(crash),
         options=options(crash),
     )
-
-
-def _one_line(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:
-        text = "<unprintable>"
-    text = " ".join(text.split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> list[str]:

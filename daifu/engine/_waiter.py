@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ._console import PASS, run_line, run_local
 from ._control import ControlServer, EndpointError
+from ._crash import exception_text
 from ._decision import ABORT, Decision
 from ._events import CrashReport, CrashWaiting, InternalError, emit
 from ._queue import DecisionPatch
@@ -47,7 +48,7 @@ class Waiter:
                          done_before=report.done_before, options=report.options))
         status = {"pid": os.getpid(), "where": crash.where, "function": crash.function,
                   "statement": crash.statement, "exc_type": type(crash.exception).__qualname__,
-                  "message": str(crash.exception)[:200], "since": time.time(),
+                  "message": exception_text(crash.exception, 200), "since": time.time(),
                   "argv": sys.argv[:], "console": self.console}
         if self.console:
             server = self._open(status, report.render(), local=True)
