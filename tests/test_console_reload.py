@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 import daifu
+from daifu.cells import _registry
 from daifu.cells._source import ModuleSource, map_statement
 from daifu.engine import ENGINE
 from daifu.engine._console import run_line
@@ -62,6 +63,7 @@ def module(tmp_path, monkeypatch):
     yield reload_target, path
     daifu.uninstall()
     sys.modules.pop("reload_target", None)
+    _registry._files.pop(str(path), None)  # a later reload must not see this file
 
 
 def test_report_names_effects_done_before_the_failure(module):
@@ -238,3 +240,23 @@ def test_journal_numbers_every_crash_and_survives_unprintable_exceptions(tmp_pat
     assert [r["crash"] for r in crashes] == [1, 2, 3, 4]  # one number per crash
     assert [r["message"] for r in crashes][1::2] == ["<unprintable>", "<unprintable>"]
     assert internal == []
+
+
+def test_reload_picks_up_an_edited_module_daifu_did_not_vaccinate(tmp_path, module):
+    mod, _ = module
+    helper = tmp_path / "reload_helper.py"
+    helper.write_text("def factor():\n    return 2\n")
+    import reload_helper
+
+    try:
+        helper.write_text("def factor():\n    return 3  # edited\n")  # nobody read it before
+
+        @daifu.on(ZeroDivisionError)
+        def reload_now(crash):
+            return daifu.RELOAD
+
+        with pytest.raises(ZeroDivisionError):
+            mod.work([0], [])  # the reload happens; work() itself did not change
+        assert reload_helper.factor() == 3
+    finally:
+        sys.modules.pop("reload_helper", None)

@@ -74,7 +74,7 @@ class ReloadResult:
 @dataclass
 class _File:
     filename: str
-    old: str
+    old: str | None  # None: not known (see _text_before_edit)
     new: str
     msrc: ModuleSource
     plain: dict[str, types.CodeType]
@@ -91,10 +91,13 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
     files = _changed_files(sources or {})
     result = ReloadResult()
     for f in files.values():
+        result.sources[f.filename] = f.new
+        if f.old is None:  # an unvaccinated module nobody read before it was edited
+            result.diffs[f.filename] = "(the running text of this file is not known)\n"
+            continue
         result.diffs[f.filename] = "".join(difflib.unified_diff(
             f.old.splitlines(True), f.new.splitlines(True), f.filename + " (running)",
             f.filename + " (new)"))
-        result.sources[f.filename] = f.new
         result.old_sources[f.filename] = f.old
     if not files:
         return result
@@ -149,13 +152,33 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
     return result
 
 
+def _text_before_edit(path: str) -> str | None:
+    """What linecache read of a file before it was edited, or None.  (Not
+    ``linecache.getlines``: for a file nobody read yet, that reads the edited
+    file and the edit would look like no change.)"""
+    entry = linecache.cache.get(path)
+    if entry is None or len(entry) != 4:
+        return None
+    size, mtime, lines, _ = entry
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if mtime is None or (st.st_size, st.st_mtime) == (size, mtime):
+        return None  # read after the edit (or not from a file): not the running text
+    return "".join(lines)
+
+
 def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
     candidates: dict[str, Any] = {f.filename: f for f in _registry.files()}
     for mod in list(sys.modules.values()):
         path = getattr(mod, "__file__", None)
         if path and path.endswith(".py") and path not in candidates:
             try:
-                if os.stat(path).st_mtime > PROCESS_START:
+                # file systems with whole-second (or 2 s) times: a file edited in
+                # the second the process started must count; a false candidate
+                # only costs a compile (its functions compare "same")
+                if os.stat(path).st_mtime >= PROCESS_START - 2:
                     candidates[path] = None
             except OSError:
                 continue
@@ -171,7 +194,7 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
                     new = fh.read()
             except OSError:
                 continue
-        old = loaded.source if loaded is not None else "".join(linecache.getlines(path))
+        old = loaded.source if loaded is not None else _text_before_edit(path)
         if new == old:
             continue
         try:
