@@ -83,12 +83,12 @@ def _patch_main_fixup(cfg) -> None:
 
 def _run_path_vaccinated(path: str, run_name: str, cfg) -> dict:
     """``runpy.run_path(path, run_name=...)`` with the script vaccinated."""
-    from ..cells import vaccinate_source
+    from ._finder import compile_vaccinated
 
     with open(path, "rb") as fh:
         source = fh.read()
-    code, _ = vaccinate_source(source, os.path.abspath(path), cfg.selection(module_level=False),
-                               module=run_name)
+    code = compile_vaccinated(source, os.path.abspath(path), cfg.selection(module_level=False),
+                              run_name)
     module = types.ModuleType(run_name)
     module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__="",
                            __spec__=None)

@@ -18,7 +18,7 @@ from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import CodeType
 
 from .._errors import NotVaccinatedWarning, TransformError
-from ..cells import Selection, vaccinate_source
+from ..cells import Selection, options, vaccinate_source
 from ..engine._events import ModuleVaccinated, emit
 from ._patterns import ModuleMatcher
 
@@ -82,22 +82,36 @@ class DaifuLoader(SourceFileLoader):
         return self.source_to_code(source, self.get_filename(fullname))
 
     def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]
-        try:
-            code, report = vaccinate_source(data, path, self.selection, module=self.name)
-        except (SyntaxError, TransformError):
+        return compile_vaccinated(data, path, self.selection, self.name)
+
+
+def compile_vaccinated(source: bytes | str, path: str, selection: Selection,
+                       module: str) -> CodeType:
+    """Vaccinate a module's source (the import hook, the runner's main script,
+    a spawned child's ``__mp_main__``) and say so (``module.vaccinated``).
+
+    A syntax error is the program's own and propagates; so does a
+    ``TransformError`` under ``--strict``.  Any other failure is a daifu bug
+    that must not break the program: it warns (raises under ``--strict``) and
+    the module is compiled unmodified."""
+    try:
+        code, report = vaccinate_source(source, path, selection, module=module)
+    except (SyntaxError, TransformError):
+        raise
+    except Exception as exc:
+        if options.strict:
             raise
-        except Exception as exc:  # a daifu bug must not break the import
-            warnings.warn(
-                f"daifu: could not vaccinate module {self.name} ({path}): "
-                f"{type(exc).__name__}: {exc}; it runs unmodified",
-                NotVaccinatedWarning,
-                stacklevel=2,
-            )
-            return super().source_to_code(data, path)
-        emit(ModuleVaccinated(
-            module=self.name, file=str(path),
-            functions=[c.qualname for c in report.vaccinated],
-            skipped=[f"{q}: {r}" for q, r in report.skipped],
-            cached=report.cached,
-        ))
-        return code
+        warnings.warn(
+            f"daifu: could not vaccinate module {module} ({path}): "
+            f"{type(exc).__name__}: {exc}; it runs unmodified",
+            NotVaccinatedWarning,
+            stacklevel=3,
+        )
+        return compile(source, path, "exec", dont_inherit=True)
+    emit(ModuleVaccinated(
+        module=module, file=str(path),
+        functions=[c.qualname for c in report.vaccinated],
+        skipped=[f"{q}: {r}" for q, r in report.skipped],
+        cached=report.cached,
+    ))
+    return code

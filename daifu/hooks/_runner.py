@@ -26,6 +26,7 @@ from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
 from . import _logging
 from ._config import Config, parse_wait
+from ._finder import compile_vaccinated
 from ._install import install
 from ._remote import COMMANDS
 
@@ -241,26 +242,7 @@ def _new_main(file: str | None, spec, loader) -> types.ModuleType:
 
 
 def _compile_main(source: bytes, filename: str, cfg: Config) -> types.CodeType:
-    from ..cells import vaccinate_source
-
-    try:
-        code, report = vaccinate_source(source, filename, cfg.selection(module_level=True),
-                                        module="__main__")
-    except SyntaxError:
-        raise
-    except Exception as exc:
-        if cfg.strict:
-            raise
-        warnings.warn(f"daifu: could not vaccinate {filename}: {type(exc).__name__}: {exc}; "
-                      "it runs unmodified", NotVaccinatedWarning, stacklevel=2)
-        return compile(source, filename, "exec", dont_inherit=True)
-    from ..engine._events import ModuleVaccinated, emit
-
-    emit(ModuleVaccinated(
-        module="__main__", file=filename, functions=[c.qualname for c in report.vaccinated],
-        skipped=[f"{q}: {r}" for q, r in report.skipped], cached=report.cached,
-    ))
-    return code
+    return compile_vaccinated(source, filename, cfg.selection(module_level=True), "__main__")
 
 
 def _run_script(script: str, args: list[str], cfg: Config) -> None:
