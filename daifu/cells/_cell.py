@@ -191,10 +191,6 @@ class Cell(Capabilities):
                     return text, line
         return self.source, self.lineno
 
-    @property
-    def location(self) -> str:
-        return f"{self.info.filename}:{self.lineno}"
-
     def __repr__(self) -> str:
         return (
             f"<Cell {self.info.qualname}#{self.index} line {self.lineno} {self.role} "

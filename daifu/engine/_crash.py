@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -63,10 +62,6 @@ class Crash(Capabilities):
         if self._frame is None:
             raise PatchError("this crash has been resolved; its frame is no longer available")
         return self._frame
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
 
     # -- actions -------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class _Pending:
     frame: types.FrameType
     attempt: int
     started: float
+    where: str  # the crash's, so that crash.resumed names the same line
 
 
 class Engine:
@@ -78,10 +79,9 @@ class Engine:
         #: files whose frames are examined for handlers that would catch a crash
         self.target_files: set[str] = set()
         #: interactive patch sources (console, remote attach) -- consulted
-        #: after the rules; each has ``wait(crash, engine) -> None``
+        #: after the rules; each has ``wait(crash, engine) -> str | None`` (why it
+        #: stopped waiting without a decision)
         self.waiters: list[Any] = []
-        #: observers called with each Crash before the rules (crash reports)
-        self.observers: list[Any] = []
         self.stats = collections.Counter()
         #: the journal of crashes and patches (``_journal.Journal``), if any
         self.journal: Any = None
@@ -124,7 +124,7 @@ class Engine:
         if pending is None or pending.frame is not frame:
             return
         self.stats["recovered"] += 1
-        emit(CrashResumed(where=_where(cell), action="retry", attempt=pending.attempt,
+        emit(CrashResumed(where=pending.where, action="retry", attempt=pending.attempt,
                           latency_ms=_ms(pending.started)))
 
     # -- one crash -----------------------------------------------------------------
@@ -145,11 +145,6 @@ class Engine:
                 exc_type=type(exc).__qualname__, message=exception_text(exc), attempt=attempt,
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
             self._record("crash", crash)
-            for observer in list(self.observers):
-                try:
-                    observer(crash)
-                except Exception:
-                    self._internal("observer", crash)
             final = attempt > self.max_attempts
             if final:  # a statement that keeps failing must not bounce around
                 decision, reason = None, (
@@ -239,7 +234,7 @@ class Engine:
             else:
                 decision, reason = None, f"reloaded, but {crash.retry_reason}"
         if decision is RETRY:
-            self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started)
+            self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started, crash.where)
             if len(self._pending) > 256:  # frames that never came back (bounded)
                 self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE
@@ -404,7 +399,6 @@ class Engine:
         self._pending.clear()
         self._gave_up.clear()
         self.waiters.clear()
-        self.observers.clear()
         self.stats.clear()
         self.journal = None
         self.replay = None
@@ -451,10 +445,6 @@ def _exec_in_frame(crash: Crash, code: str) -> None:
     if changed or deleted:
         ctx.update_many(changed, deleted)
     frame.f_globals.update(new_globals)
-
-
-def _where(cell: Cell) -> str:
-    return f"{cell.info.filename}:{cell.lineno}"
 
 
 def _ms(started: float) -> float:

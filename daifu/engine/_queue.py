@@ -83,30 +83,16 @@ class PatchQueue:
 
     def __init__(self) -> None:
         self._items: collections.deque[Patch] = collections.deque()
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
 
     def put(self, patch: Patch) -> None:
-        with self._cv:
+        with self._lock:
             self._items.append(patch)
-            self._cv.notify_all()
-
-    def get(self, timeout: float | None = None) -> Patch | None:
-        """Next patch, waiting up to ``timeout`` seconds (None: forever)."""
-        with self._cv:
-            if not self._cv.wait_for(lambda: self._items, timeout=timeout):
-                return None
-            return self._items.popleft()
 
     def get_nowait(self) -> Patch | None:
-        with self._cv:
+        with self._lock:
             return self._items.popleft() if self._items else None
 
-    def clear(self) -> list[Patch]:
-        with self._cv:
-            items = list(self._items)
+    def clear(self) -> None:
+        with self._lock:
             self._items.clear()
-            return items
-
-    def __len__(self) -> int:
-        with self._cv:
-            return len(self._items)

@@ -36,10 +36,9 @@ class _Terminated(BaseException):
 class Waiter:
     """An interactive patch source (``Engine.waiters``)."""
 
-    def __init__(self, console: bool, wait: float | None, endpoint: bool = True):
+    def __init__(self, console: bool, wait: float | None):
         self.console = console
         self.wait_s = wait  # None: forever; 0: do not wait without a console
-        self.endpoint = endpoint
 
     def wait(self, crash: Crash, engine: Engine) -> str | None:
         report = build_report(crash)
@@ -106,8 +105,6 @@ class Waiter:
                 deadline = time.monotonic() + self.wait_s
 
     def _open(self, status, report, local: bool) -> ControlServer | None:
-        if not self.endpoint:
-            return None
         server = ControlServer(status, report, console_is_local=local)
         try:
             server.start()

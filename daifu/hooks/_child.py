@@ -33,7 +33,6 @@ def patch_spawn() -> None:
         return cmd
 
     get_command_line._daifu = True  # type: ignore[attr-defined]
-    get_command_line._daifu_original = original  # type: ignore[attr-defined]
     spawn.get_command_line = get_command_line
 
 

@@ -30,7 +30,6 @@ class DaifuFinder:
         self.matcher = matcher
         self.selection = selection
         self._tls = threading.local()
-        self.claimed: list[str] = []
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         if not self.matcher.matches(fullname) or getattr(self._tls, "busy", False):
@@ -44,7 +43,6 @@ class DaifuFinder:
             return None
         spec.loader = DaifuLoader(fullname, spec.origin, self.selection)
         spec.cached = None
-        self.claimed.append(fullname)
         return spec
 
     def _regular_spec(self, fullname, path, target) -> ModuleSpec | None:
