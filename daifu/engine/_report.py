@@ -16,6 +16,7 @@ import dis
 import linecache
 import os
 import reprlib
+import runpy
 import traceback
 import types
 from dataclasses import dataclass, field
@@ -98,12 +99,13 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
     exception's traceback from it -- without daifu's (or runpy's) frames."""
     frames = traceback.extract_stack(frame.f_back) if frame is not None else []
     frames += traceback.extract_tb(exc.__traceback__)
-    return traceback.format_list([f for f in frames if not _plumbing(f.filename)])
+    return traceback.format_list([f for f in frames if not is_plumbing(f.filename)])
 
 
-def _plumbing(filename: str) -> bool:
-    return filename.startswith(_PKG + os.sep) or filename.startswith("<frozen runpy") \
-        or filename.endswith(os.sep + "runpy.py")
+def is_plumbing(filename: str) -> bool:
+    """A frame of daifu's own code or of runpy (hidden from the user's tracebacks)."""
+    return (filename.startswith(_PKG + os.sep) or filename == runpy.__file__
+            or filename.startswith("<frozen runpy"))
 
 
 def options(crash: Crash) -> list[str]:

@@ -24,6 +24,7 @@ import warnings
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
+from ..engine._report import is_plumbing
 from . import _logging
 from ._config import Config, parse_wait
 from ._finder import compile_vaccinated
@@ -63,8 +64,6 @@ examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
   DAIFU_MODULES=mylib python -m daifu -m mylib.train --lr 0.1"""
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PKG = os.path.dirname(_HERE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -286,15 +285,9 @@ def _run_module(name: str, args: list[str], cfg: Config) -> None:
     exec(code, main.__dict__)
 
 
-def _is_plumbing(tb: types.TracebackType) -> bool:
-    filename = tb.tb_frame.f_code.co_filename
-    return (filename.startswith(_PKG + os.sep) or filename == runpy.__file__
-            or filename.startswith("<frozen runpy"))
-
-
 def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
     """Drop daifu's runner frames (and runpy's) from the head of a traceback."""
-    while tb is not None and _is_plumbing(tb):
+    while tb is not None and is_plumbing(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
 
