@@ -20,7 +20,7 @@ code), module name, selection, and a fingerprint of this daifu installation
 version; it records a hash of the source and is used only when the source is
 byte-for-byte the one it was made from.  One entry per (file, module,
 selection): a changed source overwrites it; entries not rewritten for 30 days
-are removed when another is written.
+are removed when a process first writes an entry.
 
 A cache entry is code this process will run, so the cache lives in a private
 directory (0700, owned by this user, checked like the control-socket
@@ -132,8 +132,12 @@ class CodeCache:
         self.directory = directory
         self.write = write
         self.quiet = quiet  # the implicit default: an unusable directory is no news
+        self._checked = False  # the directory was found private (checked once)
+        self._pruned = False  # old entries removed (once per process)
 
     def _usable(self) -> bool:
+        if self._checked:
+            return True
         if self.directory in _refused:
             return False
         if not self.write and not os.path.isdir(self.directory):
@@ -147,6 +151,7 @@ class CodeCache:
                 warnings.warn(f"daifu: not using the code cache: {exc}", DaifuWarning,
                               stacklevel=4)
             return False
+        self._checked = True
         return True
 
     def _path(self, filename: str, module: str | None, selection) -> str:
@@ -214,6 +219,9 @@ class CodeCache:
         return True
 
     def _prune(self) -> None:
+        if self._pruned:
+            return
+        self._pruned = True
         cutoff = time.time() - MAX_AGE_S
         try:
             with os.scandir(self.directory) as entries:
