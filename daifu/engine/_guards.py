@@ -264,8 +264,8 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str])
         caller = f.f_back
         if caller is None:
             return False
-        if back is not None and _entered_from_c(f, caller, back):
-            c_boundary = True
+        if not c_boundary and back is not None and _entered_from_c(f, caller, back):
+            c_boundary = True  # (never reset: no need to look again)
         vaccinated = cells_of(caller.f_code) is not None
         if caller.f_code.co_filename not in targets:
             transparent = False
