@@ -181,33 +181,38 @@ class _InterpreterFrame(ctypes.Structure):  # CPython 3.11 Include/internal/pyco
                 ("stacktop", ctypes.c_int), ("is_entry", ctypes.c_bool)]
 
 
-def called_from_c(frame: types.FrameType) -> bool | None:
-    """Was this (executing) frame entered from C code -- a builtin such as
-    ``getattr``/``list``, a type call, a protocol slot -- rather than by a
-    Python-to-Python call?  None if the layout check fails."""
+def _interpreter_frame(frame: types.FrameType) -> _InterpreterFrame | None:
+    """The interpreter frame behind a frame object, if its layout is the one we
+    know (checked against the frame's code and frame object); None otherwise --
+    nothing else in it is read then."""
     try:
         outer = _FrameObject.from_address(id(frame))
         if not outer.f_frame:
             return None
         inner = _InterpreterFrame.from_address(outer.f_frame)
         if inner.f_code != id(frame.f_code) or inner.frame_obj != id(frame):
-            return None  # not the layout we know: say nothing
-        return bool(inner.is_entry)
+            return None
+        return inner
     except Exception:
         return None
+
+
+def called_from_c(frame: types.FrameType) -> bool | None:
+    """Was this (executing) frame entered from C code -- a builtin such as
+    ``getattr``/``list``, a type call, a protocol slot -- rather than by a
+    Python-to-Python call?  None if the layout check fails."""
+    inner = _interpreter_frame(frame)
+    return None if inner is None else bool(inner.is_entry)
 
 
 def running_function(frame: types.FrameType) -> types.FunctionType | None:
     """The function object executing ``frame`` (kept in the interpreter frame's
     first field, ``f_func``; checked against the frame's code)."""
-    try:
-        outer = _FrameObject.from_address(id(frame))
-        func_ptr = ctypes.c_void_p.from_address(outer.f_frame).value
-        func = ctypes.cast(func_ptr, ctypes.py_object).value
+    inner = _interpreter_frame(frame)
+    if inner is not None and inner.f_func:
+        func = ctypes.cast(inner.f_func, ctypes.py_object).value
         if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
             return func
-    except Exception:
-        pass
     import gc
 
     candidates = [r for r in gc.get_referrers(frame.f_code)
