@@ -19,7 +19,7 @@ import traceback
 from typing import IO, TYPE_CHECKING
 
 from .._errors import PatchError
-from ._decision import ABORT, CONTINUE, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
 from ._report import summarize
@@ -107,14 +107,12 @@ class Console(cmd.Cmd):
     # -- decisions -------------------------------------------------------------------
 
     def _decide(self, decision: Decision) -> bool:
-        crash = self.crash
-        reason = {RETRY: crash.retry_reason, SKIP: crash.skip_reason,
-                  CONTINUE: crash.continue_reason}.get(decision)
-        if reason is not None:
+        try:  # checked (can it retry here?) and journaled by the engine, like any patch
+            self.engine.submit(DecisionPatch(decision, origin=self.origin), self.crash)
+        except PatchError as err:
             self.ok = False
-            self.say(f"cannot {decision.value} here: {reason}")
+            self.say(str(err))
             return False
-        self.engine.queue.put(DecisionPatch(decision, origin=self.origin))
         self.decision = decision
         return True
 
@@ -151,7 +149,7 @@ class Console(cmd.Cmd):
             self.say(str(err))
             return False
         self.say(patch.summary())
-        self.decision = "reload"
+        self.decision = RELOAD
         return True
 
     def do_edit(self, arg: str) -> bool:

@@ -273,8 +273,6 @@ class Engine:
         is handled.  Raises ``PatchError`` if applying it fails."""
         if not patch.origin:
             patch.origin = getattr(self._tls, "origin", None) or "api"
-        if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
-            patch = ReloadPatch(origin=patch.origin)
         current = crash or getattr(self._tls, "crash", None)
         if current is None:
             # not inside a crash: apply directly (a replace in a fixes file, say)
@@ -315,6 +313,7 @@ class Engine:
         where = crash.where if crash else ""
         if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
             patch = ReloadPatch(origin=patch.origin)
+        result: Decision | None = None
         try:
             if isinstance(patch, ReloadPatch):
                 from ._reload import reload
@@ -323,17 +322,10 @@ class Engine:
                     raise PatchError("reload needs a crash to resume")
                 patch.result = reload(crash, patch.sources)
                 crash._reload = patch.result  # type: ignore[attr-defined]
-                emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
-                                  summary=patch.summary()))
-                self._record("patch", crash, patch)
-                return RELOAD
-            if isinstance(patch, DecisionPatch):
+                result = RELOAD
+            elif isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash)
-                emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
-                                  summary=patch.summary()))
-                self._record("patch", crash, patch)
-                return result
-            if isinstance(patch, ExecPatch):
+            elif isinstance(patch, ExecPatch):
                 if crash is None:
                     raise PatchError("exec needs a crashed frame to run in")
                 _exec_in_frame(crash, patch.code)
@@ -351,7 +343,7 @@ class Engine:
         emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                           summary=patch.summary()))
         self._record("patch", crash, patch)
-        return None
+        return result
 
     def take_continuation(self) -> tuple:
         cont = getattr(self._tls, "continuation", None)

@@ -91,11 +91,10 @@ class Waiter:
                 continue
             console, output = run_line(crash, engine, req.text, req.origin)
             decision = console.decision
-            resumed = isinstance(decision, Decision) and decision is not ABORT \
-                or decision == "reload"
-            req.reply = {"ok": console.ok, "output": output, "resumed": bool(resumed),
-                         "decision": getattr(decision, "value", decision if isinstance(
-                             decision, str) else ("pass" if decision is PASS else None))}
+            resumed = isinstance(decision, Decision) and decision is not ABORT
+            req.reply = {"ok": console.ok, "output": output, "resumed": resumed,
+                         "decision": "pass" if decision is PASS else (
+                             decision.value if isinstance(decision, Decision) else None)}
             req.done.set()
             if decision is PASS:
                 return "passed on by an attached client"
