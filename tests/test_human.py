@@ -320,19 +320,21 @@ def test_another_user_is_refused(tmp_path):
     for p in opened:
         os.chmod(p, modes[p] | 0o011)
     os.chmod(sock, 0o666)
+    marker = tmp_path / "pwned"
+    request = json.dumps({"op": "send", "cmd": f"exec open({str(marker)!r}, 'w')"}) + "\n"
     try:
         code = textwrap.dedent(f'''
-            import json, os, socket
+            import os, socket
             os.setgid(65534); os.setuid(65534)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect({str(sock)!r})
-            s.sendall(b'{{"op": "send", "cmd": "exec open(\\'/tmp/pwned\\', \\'w\\')"}}\\n')
+            s.sendall({request.encode()!r})
             print(s.recv(65536).decode())
         ''')
         other = subprocess.run([*python(), "-c", code], capture_output=True, text=True,
                                timeout=60)
         assert "permission denied: peer uid 65534" in other.stdout, other.stderr
-        assert not Path("/tmp/pwned").exists()
+        assert not marker.exists()
     finally:
         for p, mode in modes.items():
             os.chmod(p, mode)

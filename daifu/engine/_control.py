@@ -56,6 +56,20 @@ def check_private(path: str) -> None:
     _check_private(path, "control sockets", EndpointError)
 
 
+def _read_request(conn: socket.socket, timeout: float = 1.0) -> None:
+    """Read (and drop) a client's first line, waiting at most ``timeout``."""
+    conn.settimeout(timeout)
+    received = 0
+    try:
+        while received < 65536:
+            chunk = conn.recv(4096)
+            if not chunk or b"\n" in chunk:
+                return
+            received += len(chunk)
+    except OSError:
+        return
+
+
 def peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
@@ -153,6 +167,7 @@ class ControlServer:
             try:
                 uid = peer_uid(conn)
                 if uid != os.getuid():
+                    _read_request(conn)  # answering before the client sent would break its pipe
                     _send(conn, {"ok": False, "error": f"permission denied: peer uid {uid} is not "
                                  f"the job's uid {os.getuid()}"})
                     return
