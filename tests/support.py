@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 import itertools
+import json
 import linecache
 import textwrap
+from pathlib import Path
 
 from daifu.cells import Selection, vaccinate_source
 
 _counter = itertools.count()
+
+
+def read_events(path: Path) -> list[dict]:
+    """The records of a daifu event log or journal (JSON lines; [] if absent)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_params(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def same_params(a: dict, b: dict) -> bool:
+    """Bit-identical parameters: same names, dtypes and values."""
+    import torch
+
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not same_params({k: a[k]}, {k: b[k]})]
+    assert not differ, f"parameters differ: {differ}"
 
 
 def vaccinate(source: str, entries=("**",), module_level: bool = False, name: str | None = None):

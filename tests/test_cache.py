@@ -21,6 +21,8 @@ from daifu.cells import Selection, _cache, options, vaccinate_source
 from daifu.cells._cache import CodeCache
 from daifu.hooks import Config
 
+from .support import load_params, read_events, same_params
+
 SOURCE = textwrap.dedent('''
     import daifu
 
@@ -246,8 +248,6 @@ def test_a_job_loaded_from_the_cache_reloads_its_running_loop_exactly(tmp_path):
     and the edit + reload of the running training loop still gives the
     corrected program's exact parameters."""
     pytest.importorskip("torch")
-    from .scenarios.run import _identical, _load
-
     work = tmp_path / "job"
     shutil.copytree(CASE, work)
     shutil.copy(CASE.parent / "_common.py", tmp_path / "_common.py")
@@ -265,12 +265,12 @@ def test_a_job_loaded_from_the_cache_reloads_its_running_loop_exactly(tmp_path):
                                "--fixes", "fix.py", "buggy.py", "--out", f"live{run}.pt"],
                               cwd=work, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        events = [json.loads(line) for line in log.read_text().splitlines()]
+        events = read_events(log)
         (main,) = [e for e in events if e["event"] == "module.vaccinated"
                    and e["module"] == "__main__"]
         cached.append(main["cached"])
         assert [e for e in events if e["event"] == "crash.resumed"]
-        assert _identical(_load(work / f"live{run}.pt"), _load(work / "reference.pt"))
+        assert same_params(load_params(work / f"live{run}.pt"), load_params(work / "reference.pt"))
     assert cached == [False, True]
 
 

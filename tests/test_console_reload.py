@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import sys
 import textwrap
 
@@ -16,6 +15,8 @@ from daifu.engine import ENGINE
 from daifu.engine._console import run_line
 from daifu.engine._journal import Journal, Replay
 from daifu.engine._report import build, summarize
+
+from .support import read_events
 
 torch = pytest.importorskip("torch", reason="PyTorch not available")
 
@@ -199,7 +200,7 @@ def test_journal_records_and_replay_matches_by_statement(tmp_path, module):
         return daifu.RETRY
 
     assert mod.work([0], []) == [0]
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = read_events(path)
     assert [r["type"] for r in records] == ["crash", "patch", "patch"]
     assert records[1]["code"] == "x = 2" and records[2]["decision"] == "retry"
 
@@ -235,8 +236,7 @@ def test_journal_numbers_every_crash_and_survives_unprintable_exceptions(tmp_pat
         return daifu.RETRY
 
     assert mod.work([0, 0], []) == [0, 0]
-    crashes = [json.loads(line) for line in path.read_text().splitlines()
-               if json.loads(line)["type"] == "crash"]
+    crashes = [r for r in read_events(path) if r["type"] == "crash"]
     assert [r["crash"] for r in crashes] == [1, 2, 3, 4]  # one number per crash
     assert [r["message"] for r in crashes][1::2] == ["<unprintable>", "<unprintable>"]
     assert internal == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .support import assert_identical, load_params, read_events
 
 torch = pytest.importorskip("torch", reason="PyTorch not available")
 
@@ -25,21 +26,6 @@ def run(args, cwd, env=None, timeout=300):
     full_env.pop("DAIFU_MODULES", None)
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
-
-
-def load_params(path):
-    return torch.load(path, weights_only=True)
-
-
-def assert_identical(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        assert a[name].dtype == b[name].dtype, name
-        assert torch.equal(a[name], b[name]), f"parameter {name} differs"
-
-
-def events(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 def corrected_demo(tmp: Path) -> Path:
@@ -74,7 +60,7 @@ def test_demo_crash_in_epoch_2_recovered_bit_identical(tmp_path):
     assert_identical(load_params(live_dir / "final.pt"), load_params(ref_dir / "final.pt"))
     assert live.stdout.splitlines()[-1] == ref.stdout.splitlines()[-1]  # same checksum line
 
-    evs = events(log)
+    evs = read_events(log)
     crashes = [e for e in evs if e["event"] == "crash.intercepted"]
     assert [(c["function"], c["statement"]) for c in crashes] == [
         ("evaluate", "output = predict(model, data)"),
@@ -93,7 +79,7 @@ def test_without_a_fix_the_crash_is_exactly_as_without_daifu(tmp_path):
     assert under.stdout == plain.stdout
     assert under.stderr == plain.stderr  # the whole traceback, byte for byte
     assert plain.stderr.rstrip().splitlines()[-1].startswith("RuntimeError: Expected 3D")
-    gave_up = [e for e in events(log) if e["event"] == "crash.gave_up"]
+    gave_up = [e for e in read_events(log) if e["event"] == "crash.gave_up"]
     assert len(gave_up) == 1 and gave_up[0]["reason"].startswith("no fix available")
 
 
@@ -243,6 +229,6 @@ def test_shape_error_in_test_fixed_by_exec_patch(tmp_path):
     assert live.stdout == ref.stdout
     assert_identical(load_params(tmp_path / "live" / "final.pt"),
                      load_params(tmp_path / "ref" / "final.pt"))
-    evs = events(log)
+    evs = read_events(log)
     assert sum(e["event"] == "crash.intercepted" for e in evs) == 6  # 3 batches x 2 epochs
     assert sum(e["event"] == "patch.applied" and e["kind"] == "exec" for e in evs) == 6

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PtyProcess
+from .support import PtyProcess, assert_identical, load_params, read_events
 
 torch = pytest.importorskip("torch", reason="PyTorch not available")
 pytestmark = pytest.mark.slow
@@ -80,17 +80,7 @@ def reference(tmp_path: Path, source: str) -> dict:
     proc = subprocess.run([*python(), str(script), "final.pt"], cwd=ref_dir, capture_output=True,
                           text=True, timeout=300, env=env())
     assert proc.returncode == 0, proc.stderr
-    return torch.load(ref_dir / "final.pt", weights_only=True)
-
-
-def assert_identical(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-
-
-def read_events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return load_params(ref_dir / "final.pt")
 
 
 # -- console on a pseudo-terminal ---------------------------------------------------------
@@ -125,7 +115,7 @@ def test_console_on_a_terminal_fixes_a_variable_and_retries(tmp_path):
     p.send("retry")
     p.expect("done", timeout=120)
     assert p.wait() == 0
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
     records = read_events(journal)
     assert os.stat(journal).st_mode & 0o777 == 0o600
     patches = [r for r in records if r["type"] == "patch"]
@@ -139,7 +129,7 @@ def test_console_on_a_terminal_fixes_a_variable_and_retries(tmp_path):
                             "final.pt"], cwd=tmp_path / "again", capture_output=True, text=True,
                            timeout=300, env=env())
     assert again.returncode == 0, again.stderr
-    assert_identical(torch.load(tmp_path / "again" / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "again" / "final.pt"), ref)
 
 
 def test_console_bad_input_keeps_the_job_waiting(tmp_path):
@@ -204,7 +194,7 @@ def test_reload_fixes_an_inactive_function(tmp_path):
     assert "changed  train.py: test()" in sent.stdout
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
 
 
 ACTIVE_BUG = TRAIN.replace("loss = F.cross_entropy(model(x), y) * scale",
@@ -225,7 +215,7 @@ def test_reload_continues_the_running_training_loop_in_new_code(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert out.count("epoch") == 3
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
     events = read_events(tmp_path / "log.jsonl")
     assert [e["action"] for e in events if e["event"] == "crash.resumed"] == ["reload"]
     journal = read_events(tmp_path / "journal.jsonl")
@@ -265,7 +255,7 @@ def test_headless_exec_and_retry_from_another_process(tmp_path):
     assert retry.returncode == 0, retry.stdout + retry.stderr
     proc.communicate(timeout=300)
     assert proc.returncode == 0
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
     waiting = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "crash.waiting"]
     assert waiting and waiting[0]["socket"].endswith(f"{proc.pid}.sock")
 
@@ -380,7 +370,7 @@ def test_attach_console_from_another_terminal(tmp_path):
     assert client.wait() == 0
     proc.communicate(timeout=300)
     assert proc.returncode == 0
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
 
 
 EDITOR = '''
@@ -407,7 +397,7 @@ def test_edit_opens_the_editor_at_the_failing_line_then_reloads(tmp_path):
     p.send("edit")
     assert "running: continues in the new code" in p.expect("done", timeout=120)
     assert p.wait() == 0
-    assert_identical(torch.load(tmp_path / "final.pt", weights_only=True), ref)
+    assert_identical(load_params(tmp_path / "final.pt"), ref)
 
 
 def test_replay_against_a_changed_script_warns_and_skips(tmp_path):

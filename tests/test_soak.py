@@ -8,13 +8,14 @@ time with every module loaded from the code cache.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from .support import read_events
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def soak(tmp_path, package, entry, timeout, env=None):
         cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    events = read_events(log)
     functions = sum(len(e["functions"]) for e in events if e["event"] == "module.vaccinated")
     skipped = [s for e in events if e["event"] == "module.vaccinated" for s in e["skipped"]]
     passed = re.search(r"(\d+) passed", proc.stdout)

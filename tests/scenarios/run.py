@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..support import load_params, read_events, same_params
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -110,26 +112,8 @@ def _iterations(path: Path) -> list[tuple[str, float]]:
     return out
 
 
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _stamp(event: dict) -> float:
     return dt.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
-
-
-def _load(path: Path):
-    import torch
-
-    return torch.load(path, weights_only=True)
-
-
-def _identical(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> list[dict]:
@@ -199,7 +183,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     finally:
         if proc.poll() is None:
             proc.kill()
-    events = _events(events_path)
+    events = read_events(events_path)
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
     if proc.returncode != 0:
         res.problems.append(f"the run under daifu failed (exit {proc.returncode}): {err[-2000:]}")
@@ -231,7 +215,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
 
     # 3. proof: bit-identical parameters
     if (cdir / "live.pt").exists():
-        res.exact = _identical(_load(cdir / "live.pt"), _load(rdir / "reference.pt"))
+        res.exact = same_params(load_params(cdir / "live.pt"), load_params(rdir / "reference.pt"))
         if not res.exact and meta.get("exact", True):
             res.problems.append("final parameters differ from the reference run")
     else:
@@ -247,7 +231,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
                                timeout=timeout, env=_env(work / "blind.iter"))
         if blind.returncode != 0:
             res.problems.append(f"the blind-retry run failed: {blind.stderr[-1000:]}")
-        elif _identical(_load(cdir / "blind.pt"), _load(rdir / "reference.pt")):
+        elif same_params(load_params(cdir / "blind.pt"), load_params(rdir / "reference.pt")):
             res.problems.append(
                 "a blind retry gave the exact result too: not a non-idempotent case")
 
