@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import inspect
+import threading
 import types
 from functools import lru_cache
 from typing import Any
@@ -252,10 +253,24 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
     return None if uncertain else False
 
 
+_seen = threading.local()  # .caught: (id(exc), id(frame), code) of the last sure catch
+
+
 def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str]) -> bool:
     """True if a caller would catch the exception -- or might, and a vaccinated
     caller reachable through target-file frames only will see it if nothing
-    does (its barrier then decides with full knowledge)."""
+    does (its barrier then decides with full knowledge).
+
+    An exception the program catches N vaccinated frames up passes N barriers;
+    the first finds the frame that surely catches it and the others only look
+    for that frame among their callers (linear, not quadratic, in N)."""
+    caught = getattr(_seen, "caught", None)
+    if caught is not None and caught[0] == id(exc):
+        f = frame.f_back
+        while f is not None:
+            if id(f) == caught[1] and f.f_code is caught[2]:
+                return True
+            f = f.f_back
     back, _ = backend()
     f = frame
     c_boundary = False
@@ -275,7 +290,10 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str])
             guards = guards_at(caller.f_code, caller.f_lasti)
             if guards:
                 verdict = would_catch(guards, exc, caller, None)
-                if verdict or (verdict is None and vaccinated and transparent):
+                if verdict:
+                    _seen.caught = (id(exc), id(caller), caller.f_code)
+                    return True
+                if verdict is None and vaccinated and transparent:
                     return True
         f = caller
     return False

@@ -1,0 +1,33 @@
+"""A try/except KeyError loop whose exception is raised ``depth + 2`` calls down."""
+
+from __future__ import annotations
+
+import os
+
+import daifu
+from daifu.engine import ENGINE
+
+
+def build(depth: int, vaccinate: bool):
+    def inner(d, k):
+        return d[k]
+
+    def mid(d, k, depth):
+        if depth:
+            return mid(d, k, depth - 1)
+        return inner(d, k)
+
+    def outer(n):
+        hits = 0
+        for i in range(n):
+            try:
+                mid({}, i, depth)
+            except KeyError:
+                hits += 1
+        return hits
+
+    if vaccinate:
+        ENGINE.target_files.add(os.path.abspath(__file__))  # callers are checked, as in a target
+        for fn in (inner, mid, outer):
+            daifu.vaccinate(fn)
+    return outer
