@@ -22,7 +22,7 @@ demo: setup
 
 ## test: the whole test suite and a smoke run of the benchmark harness (what CI runs)
 test: setup
-	$(PY) -m pytest
+	DAIFU_REQUIRE_TORCH=1 $(PY) -m pytest
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## bench: the full performance harness; asserts the targets, rewrites docs/performance.md

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
-
-import pytest
 
 RESULTS: list[dict] = []
 ASSERT = os.environ.get("DAIFU_PERF_ASSERT") == "1"
@@ -50,11 +50,6 @@ def interleaved(plain, vaccinated, rounds: int) -> tuple[float, float, float]:
     return pa, pb, pb / pa - 1.0
 
 
-@pytest.fixture
-def perf_assert():
-    return ASSERT
-
-
 TABLE_START = "<!-- perf-table:start -->"
 TABLE_END = "<!-- perf-table:end -->"
 
@@ -79,6 +74,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if RESULTS:
         terminalreporter.write_sep("=", "daifu performance")
         terminalreporter.write_line(_render())
+
+
+def pytest_configure(config):
+    # journals of the jobs the harness starts stay out of $HOME
+    state = tempfile.mkdtemp(prefix="daifu-perf-state-")
+    config.add_cleanup(lambda: shutil.rmtree(state, ignore_errors=True))
+    os.environ["XDG_STATE_HOME"] = state
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -28,9 +29,13 @@ def engine():
 def pytest_configure(config):
     # journals and control sockets of the jobs the tests start stay out of $HOME
     state = tempfile.mkdtemp(prefix="daifu-test-state-")
-    os.environ.setdefault("XDG_STATE_HOME", state)
+    config.add_cleanup(lambda: shutil.rmtree(state, ignore_errors=True))
+    os.environ["XDG_STATE_HOME"] = state
     runtime = os.path.join(state, "run")
     os.mkdir(runtime, 0o700)
-    os.environ.setdefault("DAIFU_RUNTIME_DIR", runtime)
+    os.environ["DAIFU_RUNTIME_DIR"] = runtime
     # every job the tests start rewrites its code; the cache has its own tests
     os.environ["DAIFU_CACHE"] = "0"
+    if os.environ.get("DAIFU_REQUIRE_TORCH") == "1":
+        # `make test` (CI): a broken torch must fail, not skip the torch tests
+        import torch  # noqa: F401

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from structlog.testing import capture_logs
 
 import daifu
 from daifu.cells import _registry
@@ -123,10 +124,14 @@ def test_reload_changes_functions_everywhere_and_reports(module):
         results.append(crash)
 
     # a crash anywhere triggers the rule; the reload applies to the whole file
-    with pytest.raises(ZeroDivisionError):
+    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
         mod.work([0], [])  # work() itself did not change: retried in old code, fails again
     assert bound(2) == 6 and net.scale(1) == 3
     assert mod.helper() == "new"
+    assert results == []
+    summary = next(e["summary"] for e in logs if e["event"] == "patch.applied")
+    assert "changed  reload_target.py: Net.scale()" in summary
+    assert "added    reload_target.py: helper()" in summary
 
 
 def test_reload_syntax_error_changes_nothing(module):
