@@ -129,3 +129,14 @@ class PtyProcess:
             pass
         os.close(self.master)
         return code
+
+
+def run_daifu(args, cwd, env=None, timeout=120, **kw):
+    """``python -m daifu ARGS`` in ``cwd`` (text output captured)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "daifu", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, **kw)

@@ -7,13 +7,13 @@ import sys
 import textwrap
 
 import pytest
-from structlog.testing import capture_logs
 
 import daifu
 from daifu.cells import _registry
 from daifu.cells._source import ModuleSource, map_statement
 from daifu.engine import ENGINE
 from daifu.engine._console import run_line
+from daifu.engine._events import capture as capture_logs
 from daifu.engine._journal import Journal, Replay
 from daifu.engine._report import build, summarize
 
@@ -120,15 +120,19 @@ def test_reload_changes_functions_everywhere_and_reports(module):
         return daifu.RELOAD
 
     @daifu.on(Exception)
-    def record(crash):  # not reached: the reload rule decided
-        results.append(crash)
+    def record(crash):  # reached only when the reload rule's reload was rejected
+        results.append(crash.attempt)
 
-    # a crash anywhere triggers the rule; the reload applies to the whole file
+    # a crash anywhere triggers the rule; the reload applies to the whole file.
+    # work() itself did not change: retried in old code, it fails again; a
+    # second reload changes nothing, so it is rejected and the next rule runs
     with capture_logs() as logs, pytest.raises(ZeroDivisionError):
-        mod.work([0], [])  # work() itself did not change: retried in old code, fails again
+        mod.work([0], [])
     assert bound(2) == 6 and net.scale(1) == 3
     assert mod.helper() == "new"
-    assert results == []
+    assert results == [2]
+    rejected = [e["reason"] for e in logs if e["event"] == "patch.rejected"]
+    assert len(rejected) == 1 and "no source file changed" in rejected[0]
     summary = next(e["summary"] for e in logs if e["event"] == "patch.applied")
     assert "changed  reload_target.py: Net.scale()" in summary
     assert "added    reload_target.py: helper()" in summary

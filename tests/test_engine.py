@@ -6,10 +6,10 @@ import threading
 import traceback
 
 import pytest
-from structlog.testing import capture_logs
 
 import daifu
 from daifu.engine import ENGINE
+from daifu.engine._events import capture as capture_logs
 
 from .support import vaccinate
 

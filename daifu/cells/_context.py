@@ -4,7 +4,9 @@ The engine reads and writes a suspended frame's variables through
 ``FrameContext`` while the frame waits in its crash barrier; the function then
 resumes with the new values.  Module-level code needs nothing special (its
 variables are the module dict); function frames write back through the
-per-version backend (3.11: ``PyFrame_LocalsToFast``).
+per-version backend (3.11: ``PyFrame_LocalsToFast``).  Reading never leaves
+anything on the frame (3.11's ``frame.f_locals`` would keep a snapshot of
+every variable alive until the frame returns; see ``read_locals``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,22 @@ from typing import Any
 
 from ._dispatch import backend
 
+_CO_OPTIMIZED = 0x1
+
 
 def _local_names(code: types.CodeType) -> frozenset[str]:
     return frozenset(code.co_varnames + code.co_cellvars + code.co_freevars)
+
+
+def read_locals(frame: types.FrameType) -> dict[str, Any]:
+    """A new dict of a function frame's variables that leaves the frame as it
+    was (module and class-body frames: their namespace dict itself)."""
+    if not frame.f_code.co_flags & _CO_OPTIMIZED:
+        return frame.f_locals
+    back, _ = backend()
+    if back is None:  # pragma: no cover - nothing is vaccinated on such a Python
+        return dict(frame.f_locals)
+    return back.read_locals(frame)
 
 
 class FrameContext(MutableMapping[str, Any]):
@@ -27,11 +42,13 @@ class FrameContext(MutableMapping[str, Any]):
 
     def __init__(self, frame: types.FrameType):
         self._frame = frame
-        self._module = frame.f_locals is frame.f_globals
+        # module code and class bodies keep their variables in a real dict
+        self._module = not frame.f_code.co_flags & _CO_OPTIMIZED
         self._names = None if self._module else _local_names(frame.f_code)
 
     @property
     def is_module(self) -> bool:
+        """Module-level code (or a class body): the variables are a namespace dict."""
         return self._module
 
     @property
@@ -40,7 +57,7 @@ class FrameContext(MutableMapping[str, Any]):
         return self._names
 
     def _snapshot(self) -> dict[str, Any]:
-        return self._frame.f_locals
+        return read_locals(self._frame)
 
     def __getitem__(self, name: str) -> Any:
         return self._snapshot()[name]
@@ -65,9 +82,10 @@ class FrameContext(MutableMapping[str, Any]):
     def update_many(self, values: dict[str, Any], deleted: tuple[str, ...] = ()) -> None:
         """Assign and delete several variables at once."""
         if self._module:
-            self._frame.f_globals.update(values)
+            namespace = self._frame.f_locals  # the globals, or a class body's dict
+            namespace.update(values)
             for name in deleted:
-                self._frame.f_globals.pop(name, None)
+                namespace.pop(name, None)
             return
         unknown = [n for n in (*values, *deleted) if n not in self._names]
         if unknown:

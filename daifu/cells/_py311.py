@@ -51,6 +51,7 @@ from ._source import ModuleSource
 assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 only"
 
 PYTHON = (3, 11)
+_CO_OPTIMIZED = 0x1
 
 
 
@@ -155,17 +156,71 @@ _locals_to_fast.argtypes = [ctypes.py_object, ctypes.c_int]
 _locals_to_fast.restype = None
 
 
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.argtypes = [ctypes.py_object]
+_decref.restype = None
+
+
+class _LocalsSnapshot:
+    """``frame.f_locals`` of a function frame, taken so that the frame is left
+    exactly as it was.
+
+    3.11's ``f_locals`` (``PyFrame_FastToLocalsWithError``) builds a dict of
+    the variables *into the frame* and keeps it there until the frame dies:
+    every value it held -- the step's batch, an ``obj`` the program set to
+    None -- would stay alive after the program let go of it.  If the frame had
+    no such dict before (the usual case), it is detached again; if it had one
+    (the program called ``locals()``, a tracer runs), its contents are put
+    back."""
+
+    def __init__(self, frame: types.FrameType):
+        self.frame = frame
+        self.inner = _interpreter_frame(frame)
+        self.had = bool(self.inner.f_locals) if self.inner is not None else True
+        self.previous: dict | None = None
+        if self.inner is not None and self.had:
+            self.previous = dict(ctypes.cast(self.inner.f_locals, ctypes.py_object).value)
+
+    def __enter__(self) -> dict:
+        self.snapshot = self.frame.f_locals
+        return self.snapshot
+
+    def __exit__(self, *exc) -> None:
+        snapshot, inner = self.snapshot, self.inner
+        if inner is None:
+            return  # layout unknown: leave the dict on the frame (correct, not lean)
+        if self.had:
+            if self.previous is not None:
+                snapshot.clear()
+                snapshot.update(self.previous)
+        elif inner.f_locals == id(snapshot):
+            inner.f_locals = None  # the frame's reference ...
+            _decref(snapshot)  # ... is dropped; ours goes when this returns
+        else:  # pragma: no cover - someone replaced it in between
+            snapshot.clear()
+
+
+def read_locals(frame: types.FrameType) -> dict:
+    """A new dict of a frame's variables, leaving the frame as it was (see
+    ``_LocalsSnapshot``).  Namespace frames (module, class body) return
+    their namespace itself."""
+    if not frame.f_code.co_flags & _CO_OPTIMIZED:
+        return frame.f_locals
+    with _LocalsSnapshot(frame) as snapshot:
+        return dict(snapshot)
+
+
 def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] = ()) -> None:
     """Store into a suspended function frame's fast locals (and cells).
 
     3.11 has no write-through ``f_locals``: refresh the snapshot dict, change
-    it, and copy it back with ``PyFrame_LocalsToFast`` (what pdb relies on).
-    """
-    snapshot = frame.f_locals
-    snapshot.update(values)
-    for name in deleted:
-        snapshot.pop(name, None)
-    _locals_to_fast(frame, 1)
+    it, and copy it back with ``PyFrame_LocalsToFast`` (what pdb relies on);
+    the frame is then left without the snapshot as before."""
+    with _LocalsSnapshot(frame) as snapshot:
+        snapshot.update(values)
+        for name in deleted:
+            snapshot.pop(name, None)
+        _locals_to_fast(frame, 1)
 
 
 class _FrameObject(ctypes.Structure):

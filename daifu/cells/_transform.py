@@ -255,6 +255,37 @@ def vaccinate_function(fn: Callable) -> bool:
     return True
 
 
+def code_pairs(plain: types.CodeType, live: types.CodeType
+               ) -> list[tuple[types.CodeType, types.CodeType]]:
+    """Pair every code object nested in ``plain`` (a module compiled from
+    source) with its counterpart in ``live`` (the same module vaccinated).
+
+    Pairs are made by identity of source -- qualified name and first line,
+    in order of appearance for code objects that share both (two lambdas on
+    one line) -- never by position in ``co_consts``: the rewrite reorders and
+    merges constants."""
+    out: list[tuple[types.CodeType, types.CodeType]] = []
+    todo = [(plain, live)]
+    while todo:
+        p, v = todo.pop()
+        groups: dict[tuple[str, int], list[types.CodeType]] = {}
+        for const in v.co_consts:
+            if isinstance(const, types.CodeType):
+                groups.setdefault((const.co_qualname, const.co_firstlineno), []).append(const)
+        taken: dict[tuple[str, int], int] = {}
+        for const in p.co_consts:
+            if not isinstance(const, types.CodeType):
+                continue
+            key = (const.co_qualname, const.co_firstlineno)
+            n = taken.get(key, 0)
+            candidates = groups.get(key, ())
+            if n < len(candidates):
+                taken[key] = n + 1
+                out.append((const, candidates[n]))
+                todo.append((const, candidates[n]))
+    return out
+
+
 def _register(filename: str) -> None:
     from ..engine._engine import ENGINE
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import PatchError
 from ..cells._cell import Capabilities, Cell
-from ..cells._context import FrameContext
+from ..cells._context import FrameContext, read_locals
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -82,7 +82,10 @@ class Crash(Capabilities):
             compiled = compile(expr, f"<daifu eval at {self.where}>", "eval")
         except SyntaxError as exc:
             raise PatchError(f"expression does not compile: {exc}") from None
-        return eval(compiled, self.frame.f_globals, dict(self.frame.f_locals))
+        frame = self.frame
+        namespace = read_locals(frame)
+        return eval(compiled, frame.f_globals,
+                    namespace if self.vars.is_module else dict(namespace))
 
     def _release(self) -> None:
         self._frame = None

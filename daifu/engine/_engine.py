@@ -39,6 +39,7 @@ from ..cells._cell import (
     Cell,
     cells_of,
 )
+from ..cells._context import read_locals
 from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
@@ -69,6 +70,58 @@ class _Pending:
     where: str  # the crash's, so that crash.resumed names the same line
 
 
+class GiveUps:
+    """The exceptions daifu gave up on, remembered without owning them.
+
+    A given-up exception goes on up the stack, through the barriers of other
+    vaccinated frames, which must leave it alone.  Keeping the exception
+    would keep its traceback, every frame on it and all their variables alive
+    after the program dropped it (a library that catches a failing step's
+    exception 40 times would hold 40 steps of tensors).  So only addresses
+    are kept: the exception's, and those of the traceback entry and frame it
+    was given up in.  That entry stays on the exception's traceback chain
+    while it propagates, so a later barrier recognises it.  A new exception
+    that happens to reuse the old addresses first reaches the barrier of the
+    frame it was raised in -- with that entry at the head of its chain, which
+    the old one can never have there again (any raise adds an entry) -- and
+    is taken as new; the stale record is dropped then."""
+
+    def __init__(self, limit: int = 65536) -> None:
+        #: id(exc) -> (id of its traceback entry, id of the frame, lasti) at the give-up
+        self._ids: collections.OrderedDict[int, tuple[int, int, int]] = \
+            collections.OrderedDict()
+        self._limit = limit  # small tuples of ints: far more than can be in flight
+
+    def add(self, exc: BaseException, frame: types.FrameType) -> None:
+        tb = exc.__traceback__
+        self._ids[id(exc)] = (id(tb), id(frame), tb.tb_lasti if tb is not None else -1)
+        self._ids.move_to_end(id(exc))
+        while len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+
+    def seen(self, exc: BaseException, frame: types.FrameType) -> bool:
+        """Was ``exc`` given up on, on its way to ``frame``'s barrier?"""
+        mark = self._ids.get(id(exc))
+        if mark is None:
+            return False
+        tb_id, frame_id, lasti = mark
+        tb = exc.__traceback__
+        if id(tb) == tb_id and id(frame) == frame_id:
+            del self._ids[id(exc)]  # a new exception raised here at recycled addresses
+            return False
+        while tb is not None:
+            if id(tb) == tb_id:
+                return id(tb.tb_frame) == frame_id and tb.tb_lasti == lasti
+            tb = tb.tb_next
+        return False
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def clear(self) -> None:
+        self._ids.clear()
+
+
 class Engine:
     """One per process (``ENGINE``)."""
 
@@ -90,7 +143,7 @@ class Engine:
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
-        self._gave_up: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+        self.gave_up = GiveUps()
 
     # -- called from the stubs ---------------------------------------------------
 
@@ -111,7 +164,7 @@ class Engine:
                   frame: types.FrameType) -> bool:
         if not isinstance(exc, Exception) or isinstance(exc, _NOT_CRASHES):
             return False
-        if id(exc) in self._gave_up or getattr(self._tls, "busy", False):
+        if getattr(self._tls, "busy", False) or self.gave_up.seen(exc, frame):
             return False
         if not (cell.can_retry or cell.can_skip or cell.can_continue):
             return False  # nothing to do here: let the next vaccinated caller try
@@ -258,9 +311,7 @@ class Engine:
 
     def _give_up(self, crash: Crash, reason: str) -> None:
         exc = crash.exception
-        self._gave_up[id(exc)] = exc
-        while len(self._gave_up) > 32:
-            self._gave_up.popitem(last=False)
+        self.gave_up.add(exc, crash.frame)
         self.stats["gave_up"] += 1
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
                          attempt=crash.attempt))
@@ -389,7 +440,7 @@ class Engine:
         self.rules.clear()
         self.queue.clear()
         self._pending.clear()
-        self._gave_up.clear()
+        self.gave_up.clear()
         self.waiters.clear()
         self.stats.clear()
         self.journal = None
@@ -417,13 +468,12 @@ def _exec_in_frame(crash: Crash, code: str) -> None:
     frame = crash.frame
     ctx = crash.vars
     if ctx.is_module:
-        namespace = frame.f_globals
         try:
-            exec(compiled, namespace)
+            exec(compiled, frame.f_globals, read_locals(frame))
         except Exception as err:
             raise PatchError(f"code raised {exception_text(err, with_type=True)}") from err
         return
-    before = dict(frame.f_locals)
+    before = read_locals(frame)
     namespace = dict(before)
     try:
         exec(compiled, frame.f_globals, namespace)

@@ -1,20 +1,30 @@
-"""Typed events, logged through structlog with stable event names.
+"""Typed events, logged through daifu's own structlog logger.
 
-The library never configures logging.  If the application (or daifu's runner)
-configured structlog, events go through it; otherwise they go to stderr
-through a private logger, so that daifu never writes to a program's stdout.
+daifu never configures -- or reads -- the program's global structlog
+configuration: a program that configures structlog keeps its logs to itself,
+and daifu's events go where daifu was told (``--log FILE``, else stderr;
+readable lines on a terminal, JSON lines otherwise).
+
+structlog (and its import of ``asyncio``, ``ssl``, ...) is imported only when
+the first event that passes the level filter is emitted -- a crash, in a
+normal run -- so that a program that never crashes starts as lean as without
+daifu.  ``importlib.metadata`` is imported with it: structlog's module
+``__getattr__`` imports it on any attribute miss, and daifu must not leave a
+module whose ``hasattr()`` imports modules behind it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import logging
+import os
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
-import structlog
-
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 @dataclass(frozen=True)
 class Event:
@@ -156,9 +166,6 @@ class InternalError(Event):
     traceback: str
 
 
-_fallback: Any = None
-
-
 class _CurrentStderr:
     """Write to whatever ``sys.stderr`` is now (tests and tools replace it)."""
 
@@ -169,26 +176,92 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def _logger() -> Any:
-    global _fallback
-    if structlog.is_configured():
-        return structlog.get_logger("daifu")
-    if _fallback is None:
-        _fallback = structlog.wrap_logger(
-            structlog.PrintLogger(file=_CurrentStderr()),
-            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-            processors=[
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-                structlog.dev.ConsoleRenderer(colors=False),
-            ],
-        )
-    return _fallback
+@dataclass
+class _Sink:
+    """Where daifu's events go; the structlog logger is built on first use."""
+
+    stream: IO[str] | _CurrentStderr
+    level: int = LEVELS["info"]
+    json: bool | None = None  # None: JSON unless the stream is a terminal
+    logger: Any = None
+
+
+_sink = _Sink(_CurrentStderr())
+_lock = threading.Lock()
+#: in-process observers of every event (``capture()``; the test suite's guard)
+listeners: list[Callable[[Event], None]] = []
+
+
+def configure(stream: IO[str] | None = None, level: str = "info",
+              json: bool | None = None) -> None:
+    """Send daifu's events to ``stream`` (default: the current ``sys.stderr``)
+    at ``level`` and above.  Called by daifu's entry points; a library that
+    imports daifu gets readable lines on stderr at ``info``."""
+    global _sink
+    with _lock:
+        _sink = _Sink(stream if stream is not None else _CurrentStderr(),
+                      LEVELS.get(level, LEVELS["info"]), json)
+
+
+def _is_tty(stream: Any) -> bool:
+    target = sys.stderr if isinstance(stream, _CurrentStderr) else stream
+    try:
+        return bool(target.isatty())
+    except Exception:
+        return False
+
+
+def _build(sink: _Sink) -> Any:
+    import importlib.metadata  # noqa: F401 - see the module docstring
+
+    import structlog
+
+    as_json = sink.json if sink.json is not None else not _is_tty(sink.stream)
+    if as_json:
+        stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+        renderer: Any = structlog.processors.JSONRenderer(default=repr)
+    else:
+        stamp = structlog.processors.TimeStamper(fmt="%H:%M:%S")
+        colors = _is_tty(sink.stream) and not os.environ.get("NO_COLOR")
+        renderer = structlog.dev.ConsoleRenderer(colors=colors)
+    return structlog.wrap_logger(
+        structlog.PrintLogger(file=sink.stream),
+        processors=[structlog.processors.add_log_level, stamp, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(sink.level),
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    )
 
 
 def emit(ev: Event) -> None:
     """Log one event; never raises."""
     try:
-        getattr(_logger(), ev.level)(ev.event, **ev.fields())
+        for listener in list(listeners):
+            listener(ev)
+        sink = _sink
+        if LEVELS[ev.level] < sink.level:
+            return
+        if sink.logger is None:
+            with _lock:
+                if sink.logger is None:
+                    sink.logger = _build(sink)
+        getattr(sink.logger, ev.level)(ev.event, **ev.fields())
     except Exception:  # logging must never break recovery
         pass
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[dict[str, Any]]]:
+    """Collect the events emitted inside the block as dicts
+    (``{"event": ..., "log_level": ..., **fields}``), like structlog's
+    ``capture_logs`` for daifu's own logger."""
+    records: list[dict[str, Any]] = []
+
+    def listen(ev: Event) -> None:
+        records.append({"event": ev.event, "log_level": ev.level, **ev.fields()})
+
+    listeners.append(listen)
+    try:
+        yield records
+    finally:
+        listeners.remove(listen)

@@ -47,6 +47,7 @@ from ..cells._cell import (
     cells_of,
     original_code,
 )
+from ..cells._context import read_locals
 from ..cells._dispatch import backend
 from ..cells._source import source_for_file
 
@@ -58,7 +59,8 @@ _CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200
 
 
 class _Namespace:
-    """Lazy access to a frame's variables (``f_locals`` is only built if needed)."""
+    """Lazy access to a frame's variables (read only if needed, and without
+    leaving a snapshot on the frame: see ``cells._context.read_locals``)."""
 
     def __init__(self, frame: types.FrameType):
         self.frame = frame
@@ -68,7 +70,7 @@ class _Namespace:
         frame = self.frame
         if scope in ("fast", "deref", "name"):
             if self._locals is None:
-                self._locals = frame.f_locals
+                self._locals = read_locals(frame)
             if name in self._locals:
                 return self._locals[name]
             if scope != "name":

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 from .._errors import PatchError
 from ..cells import _registry
 from ..cells._cell import CodeInfo, original_code
+from ..cells._context import read_locals
 from ..cells._dispatch import backend
 from ..cells._source import ModuleSource, map_statement
-from ..cells._transform import vaccinate_module
+from ..cells._transform import code_pairs, vaccinate_module
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -77,10 +78,28 @@ class _File:
     old: str | None  # None: not known (see _text_before_edit)
     new: str
     msrc: ModuleSource
-    plain: dict[str, types.CodeType]
-    live: dict[str, types.CodeType]  # vaccinated where the module is
+    module_code: types.CodeType  # the new source's module code, unmodified
+    #: qualname -> [(plain code, code to install)] in source order; the code
+    #: to install is vaccinated where the module is
+    defs: dict[str, list[tuple[types.CodeType, types.CodeType]]]
     children: dict[int, types.CodeType]  # id(plain code) -> vaccinated code
     loaded: Any  # cells._registry.LoadedFile | None
+
+    def find(self, qualname: str, firstlineno: int) -> tuple[types.CodeType, types.CodeType] | \
+            str | None:
+        """The new (plain, installable) code of the function ``qualname``
+        that started at ``firstlineno`` in the running source; None if the
+        source has no such function, a reason if it has several."""
+        found = self.defs.get(qualname)
+        if not found:
+            return None
+        if len(found) == 1:
+            return found[0]
+        same = [pair for pair in found if pair[0].co_firstlineno == firstlineno]
+        if len(same) == 1:
+            return same[0]
+        return (f"{len(found)} definitions named {qualname} in the new source; "
+                "not replaced (which one is the running one is ambiguous)")
 
 
 def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> ReloadResult:
@@ -100,45 +119,68 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             f.filename + " (new)"))
         result.old_sources[f.filename] = f.old
     if not files:
-        return result
+        raise PatchError("reload: no source file changed since it was loaded (edit the source "
+                         "of the failing code, save it, then reload) -- nothing was changed")
     live = [o for o in gc.get_objects()
             if type(o) is types.FunctionType and o.__code__.co_filename in files
             and o.__code__.co_name not in _SKIP_NAMES]
     installs: list[tuple[types.FunctionType, types.CodeType]] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, int]] = set()
     running_code = crash.frame.f_code if crash is not None else None
     for fn in live:
         f = files[fn.__code__.co_filename]
         qual = fn.__code__.co_qualname
         old_plain = original_code(fn.__code__)
-        new_plain = f.plain.get(qual)
-        key = (f.filename, qual)
-        if new_plain is None:
+        key = (f.filename, qual, old_plain.co_firstlineno)
+        found = f.find(qual, old_plain.co_firstlineno)
+        if not isinstance(found, tuple):
             if key not in seen:
-                result.changes.append(Change(qual, f.filename, "removed",
+                result.changes.append(Change(qual, f.filename, "removed" if found is None else
+                                             "error", found or
                                              "no longer in the source; the old code stays"))
             seen.add(key)
             continue
+        new_plain, new_live = found
         status = _compare(old_plain, new_plain)
         if status == "same":
             continue
-        if fn.__code__.co_freevars != f.live[qual].co_freevars:
-            result.changes.append(Change(qual, f.filename, "error",
-                                         "its closure variables changed; not replaced"))
+        if fn.__code__.co_freevars != new_live.co_freevars:
+            if key not in seen:
+                result.changes.append(Change(qual, f.filename, "error",
+                                             "its closure variables changed; not replaced"))
+            seen.add(key)
             continue
-        installs.append((fn, f.live[qual]))
+        installs.append((fn, new_live))
         if key not in seen:
             seen.add(key)
             change = Change(qual, f.filename, status)
             result.changes.append(change)
             if fn.__code__ is running_code and status == "changed":
                 result.running = change
-    added = _added_functions(files, {q for _, q in seen} | {fn.__code__.co_qualname for fn in live})
+    if running_code is not None and running_code.co_name == "<module>" \
+            and crash.filename in files:
+        # a crash in module-level code (the script's top level): its own
+        # statements changed if the module code differs beyond its functions
+        f = files[crash.filename]
+        if _compare(original_code(running_code), f.module_code, deep=False) == "changed":
+            result.running = Change("<module>", f.filename, "changed")
+            result.changes.append(result.running)
+    known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
+    added = _added_functions(files, known)
     if result.running is not None:
         result.continuation = _continuation(crash, files[crash.filename], result.running)
         result.running.detail = f"running: continues in the new code at line " \
                                 f"{result.continuation[2]}"
         result.continuation = result.continuation[:2]
+    if not installs and not added and result.running is None:
+        # nothing to apply: a reload that changes nothing must not resume the
+        # crash (a retry would fail the same way and burn the attempts)
+        detail = "; ".join(str(c) for c in result.changes)
+        raise PatchError(
+            "reload: no function of the running program changed"
+            + (f" ({detail})" if detail else
+               " (edit the source of the failing code, save it, then reload)")
+            + " -- nothing was changed")
     # everything checked: apply
     for fn, code in installs:
         fn.__code__ = code
@@ -216,34 +258,30 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
                     options.strict = strict
         else:
             live_module = plain_module
-        plain, live, children = {}, {}, {}
-        _collect(plain_module, live_module, plain, live, children)
-        out[path] = _File(path, old, new, msrc, plain, live, children, loaded)
+        defs: dict[str, list[tuple[types.CodeType, types.CodeType]]] = {}
+        children: dict[int, types.CodeType] = {}
+        for p, v in code_pairs(plain_module, live_module):
+            children[id(p)] = v
+            if p.co_name not in _SKIP_NAMES:
+                defs.setdefault(p.co_qualname, []).append((p, v))
+        out[path] = _File(path, old, new, msrc, plain_module, defs, children, loaded)
     return out
 
 
-def _collect(plain: types.CodeType, live: types.CodeType, plains: dict, lives: dict,
-             children: dict) -> None:
-    pairs = [(p, v) for p, v in zip(plain.co_consts, live.co_consts)
-             if isinstance(p, types.CodeType) and isinstance(v, types.CodeType)]
-    for p, v in pairs:
-        children[id(p)] = v
-        if p.co_name not in _SKIP_NAMES:
-            plains[p.co_qualname] = p
-            lives[p.co_qualname] = v
-        _collect(p, v, plains, lives, children)
-
-
-def _fingerprint(code: types.CodeType) -> tuple:
-    consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+def _fingerprint(code: types.CodeType, deep: bool = True) -> tuple:
+    """What a code object does (not where its lines are).  ``deep=False``:
+    nested code objects count by name only (module code whose functions
+    changed but whose own statements did not)."""
+    consts = tuple((_fingerprint(c) if deep else ("code", c.co_qualname))
+                   if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
                    for c in code.co_consts)
     return (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
             code.co_exceptiontable, code.co_flags, code.co_argcount, code.co_kwonlyargcount,
             consts)
 
 
-def _compare(old: types.CodeType, new: types.CodeType) -> str:
-    if _fingerprint(old) != _fingerprint(new):
+def _compare(old: types.CodeType, new: types.CodeType, deep: bool = True) -> str:
+    if _fingerprint(old, deep) != _fingerprint(new, deep):
         return "changed"
     if old.co_firstlineno != new.co_firstlineno or old.co_linetable != new.co_linetable:
         return "moved"
@@ -264,13 +302,13 @@ def _added_functions(files: dict[str, _File], known: set[str]):
             if qual in known or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             owner_name, _, name = qual.rpartition(".")
-            if "<locals>" in qual or qual not in f.live:
+            if "<locals>" in qual or len(f.defs.get(qual, ())) != 1:
                 continue
             owner = namespace if not owner_name else getattr(namespace.get(owner_name), "__dict__",
                                                              None)
             if owner is None:
                 continue
-            code = f.live[qual]
+            code = f.defs[qual][0][1]
             defaults = tuple(eval(compile(ast.Expression(d), f.filename, "eval"), namespace)
                              for d in node.args.defaults) or None
 
@@ -304,7 +342,13 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     old_plain = original_code(code)
     old_msrc = f.loaded.msrc
     old_scope = old_msrc.scope_for(old_plain)
-    new_plain = f.plain[code.co_qualname]
+    if code.co_name == "<module>":
+        new_plain = f.module_code
+    else:
+        found = f.find(code.co_qualname, old_plain.co_firstlineno)
+        if not isinstance(found, tuple):
+            raise PatchError(f"reload: {found or 'the running function is gone'}")
+        new_plain = found[0]
     new_scope = f.msrc.scope_for(new_plain)
     if old_scope is None or new_scope is None:
         raise PatchError("reload: the running function's source could not be found")
@@ -341,7 +385,7 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
         raise PatchError("reload: the running function object could not be found")
     if func.__code__.co_freevars != cont.co_freevars:
         raise PatchError("reload: the running function's closure variables changed")
-    snapshot = dict(frame.f_locals)
+    snapshot = read_locals(frame)
     args = []
     cells = {hidden: var for hidden, var in spec.cell_params.items()}
     for name in spec.params:

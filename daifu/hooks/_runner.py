@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2)
         cfg.main = os.path.abspath(script)
     cfg.export()
-    _logging.configure(cfg.log, cfg.log_level)
     try:
+        _logging.configure(cfg.log, cfg.log_level)
         cfg.setup_engine(script or module, interactive=True)
     except ConfigError as exc:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")

@@ -1,0 +1,296 @@
+"""Regression tests for daifu's central promises on programs nobody wrote for
+daifu: reload installs the right code, nothing is kept alive that the program
+freed, the program's own handling is respected, tracers and the program's
+logging do not see daifu.  Each test is named after the bug it pins."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import textwrap
+import weakref
+
+import pytest
+
+import daifu
+from daifu.cells import _registry
+from daifu.engine import ENGINE
+from daifu.engine._events import capture
+
+from .support import run_daifu, vaccinate
+
+# -- reload ------------------------------------------------------------------------------
+
+NANOGPT_SHAPED = '''
+def GPTConfig(**kw):
+    return kw
+
+model_args = dict(n_layer=2)
+config = GPTConfig(**model_args)
+
+
+def main():
+    return "main"
+
+
+def train(data):
+    total = 0
+    for x in data:
+        total += 10 // x
+    return total
+'''
+
+
+@pytest.fixture
+def reload_module(tmp_path, monkeypatch):
+    def load(source: str, name: str, entry: str = "*"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        daifu.install(modules=name, entry=entry)
+        __import__(name)
+        loaded.append((name, path))
+        return sys.modules[name], path
+
+    loaded: list = []
+    yield load
+    daifu.uninstall()
+    for name, path in loaded:
+        sys.modules.pop(name, None)
+        _registry._files.pop(str(path), None)
+
+
+def test_reload_pairs_functions_by_source_not_by_constant_position(reload_module):
+    # a module-level f(**kw) call before the defs makes the rewrite of the
+    # module's code (a script's, here any module's) reorder its constants;
+    # pairing by position gave train() the code of main()
+    mod, path = reload_module(NANOGPT_SHAPED, "nanogpt_shaped", entry="*,<module>")
+    path.write_text(path.read_text().replace("10 // x", "10 // (x or 1)"))
+
+    @daifu.on(ZeroDivisionError)
+    def reload_now(crash):
+        return daifu.RELOAD
+
+    with capture() as events:
+        assert mod.train([1, 0, 2]) == 10 + 10 + 5
+    assert mod.main() == "main"
+    summary = next(e["summary"] for e in events if e["event"] == "patch.applied")
+    assert "changed  nanogpt_shaped.py: train()" in summary
+    assert "removed" not in summary and "main()" not in summary
+
+
+def test_reload_that_changes_nothing_is_rejected_and_does_not_burn_retries(reload_module):
+    mod, _ = reload_module(NANOGPT_SHAPED, "nothing_changed")
+    answers = []
+
+    @daifu.on(ZeroDivisionError)
+    def reload_then_skip(crash):
+        if not answers:
+            answers.append("reload")
+            return daifu.RELOAD
+        answers.append("skip")
+        return daifu.SKIP
+
+    with capture() as events:
+        # the reload is rejected (nothing was edited): no retry runs in the
+        # unchanged code, and the crash gives up at its first attempt
+        with pytest.raises(ZeroDivisionError):
+            mod.train([0])
+    rejected = [e for e in events if e["event"] == "patch.rejected"]
+    assert len(rejected) == 1 and "nothing was changed" in rejected[0]["reason"]
+    assert answers == ["reload"]
+    assert [e["attempt"] for e in events if e["event"] == "crash.intercepted"] == [1]
+    assert not [e for e in events if e["event"] == "patch.applied"]
+
+
+MODULE_LEVEL_SCRIPT = '''
+import daifu
+
+@daifu.on(ZeroDivisionError)
+def fix(crash):
+    src = open(__file__).read().replace("10 // d\\n", "10 // (d or 1)\\n")
+    open(__file__, "w").write(src)
+    return daifu.RELOAD
+
+data = [1, 0, 2]
+total = 0
+for d in data:
+    total += 10 // d
+print("total", total)
+'''
+
+
+def test_reload_at_a_crash_in_module_level_code_continues_in_the_new_code(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(MODULE_LEVEL_SCRIPT)
+    proc = run_daifu([script], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "total 25"
+    assert "continues in the new code at line 13" in proc.stderr
+
+
+# -- memory --------------------------------------------------------------------------
+
+
+def test_a_recovered_crash_does_not_keep_the_frames_variables_alive():
+    # reading frame.f_locals (3.11) left a snapshot dict on the frame: the
+    # crashed step's batch stayed alive until the function returned
+    ns = vaccinate('''
+        import gc, weakref
+        class Batch:
+            pass
+        def train(n, refs):
+            alive = []
+            for i in range(n):
+                batch = Batch()
+                refs.append(weakref.ref(batch))
+                if i == 1:
+                    alive.append(1 // 0)
+                del batch
+                gc.collect()
+                alive.append(sum(r() is not None for r in refs))
+            return alive
+    ''')
+
+    @daifu.on(ZeroDivisionError)
+    def skip(crash):
+        assert crash.vars["i"] == 1 and "batch" in crash.vars  # read, and written below
+        crash.vars["i"] = 1
+        return daifu.SKIP
+
+    assert ns["train"](4, []) == [0, 0, 0, 0]
+
+
+def test_a_handled_exception_does_not_keep_the_callers_locals_alive():
+    # CPython's test_exceptions.testExceptionCleanupState: evaluating the
+    # caller's `except MyException` read the caller's f_locals, and the
+    # snapshot kept `obj` alive after the caller set it to None
+    ns = vaccinate('''
+        import gc, weakref
+
+        def check():
+            class MyException(Exception):  # a local: the clause reads the frame
+                def __init__(self, obj):
+                    self.obj = obj
+
+            class MyObj:
+                pass
+
+            def inner_raising_func():
+                local_ref = obj
+                raise MyException(obj)
+
+            obj = MyObj()
+            wr = weakref.ref(obj)
+            try:
+                inner_raising_func()
+            except MyException:
+                pass
+            obj = None
+            gc.collect()
+            return wr()
+    ''')
+    assert ns["check"]() is None
+
+
+STEP = '''
+    def step(payload):
+        data = payload
+        result = data.missing
+        return result
+'''
+
+
+def _payloads():
+    refs = []
+
+    class Payload:
+        pass
+
+    def make():
+        p = Payload()
+        refs.append(weakref.ref(p))
+        return p
+
+    return refs, make
+
+
+def test_give_ups_do_not_keep_exceptions_and_their_frames_alive():
+    # the engine remembered the last 32 given-up exceptions with their
+    # tracebacks: 40 steps of big tensors caught by a library kept 32 alive
+    ns = vaccinate(STEP)
+    refs, make = _payloads()
+
+    @daifu.on(AttributeError)
+    def decline(crash):
+        return None
+
+    caught = 0
+    for _ in range(40):  # "the library": not a target file, daifu cannot see it catch
+        try:
+            ns["step"](make())
+        except AttributeError:
+            caught += 1
+    gc.collect()
+    assert caught == 40
+    assert ENGINE.stats["gave_up"] == 40
+    assert sum(r() is not None for r in refs) == 0
+
+
+def test_a_new_exception_at_a_recycled_address_is_a_new_crash():
+    # give-ups are remembered by address: the same failure again (whose
+    # exception, traceback and frame reuse the freed addresses) must not be
+    # taken for the exception given up before
+    ns = vaccinate(STEP)
+    refs, make = _payloads()
+    asked = []
+
+    @daifu.on(AttributeError)
+    def abort(crash):
+        asked.append(crash.attempt)
+        return daifu.ABORT
+
+    for _ in range(50):
+        try:
+            ns["step"](make())
+        except AttributeError:
+            pass
+    assert len(asked) == 50
+
+
+def test_more_than_32_give_ups_in_flight_are_all_remembered():
+    # more than 32 exceptions given up on at once evicted each other: the
+    # rules were asked again for an exception a rule had aborted
+    ns = vaccinate('''
+        def fail(k):
+            for _ in range(1):
+                return {}[k]
+
+        def middle(k, hook):
+            try:
+                fail(k)
+            finally:
+                hook(k)
+
+        def outer(k, hook):
+            for _ in range(1):
+                middle(k, hook)
+    ''')
+    asked = []
+
+    @daifu.on(KeyError)
+    def abort(crash):
+        asked.append(crash.function)
+        return daifu.ABORT
+
+    def hook(k):  # while KeyError(k) is in flight, k more are given up
+        if k > 0:
+            try:
+                ns["outer"](k - 1, hook)
+            except KeyError:
+                pass
+
+    depth = 40
+    with pytest.raises(KeyError):
+        ns["outer"](depth, hook)
+    assert asked == ["fail"] * (depth + 1)
