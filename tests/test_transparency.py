@@ -294,3 +294,140 @@ def test_more_than_32_give_ups_in_flight_are_all_remembered():
     with pytest.raises(KeyError):
         ns["outer"](depth, hook)
     assert asked == ["fail"] * (depth + 1)
+
+
+# -- the program's own handling ------------------------------------------------------
+
+
+def test_an_exception_handled_more_than_512_frames_up_is_not_a_crash():
+    ns = vaccinate('''
+        def down(n):
+            for _ in range(1):
+                if n == 0:
+                    return {}["missing"]
+                return down(n - 1)
+
+        def top(n):
+            try:
+                return down(n)
+            except KeyError:
+                return "handled at the top"
+    ''')
+    asked = []
+
+    @daifu.on(KeyError)
+    def rule(crash):
+        asked.append(crash.function)
+
+    assert ns["top"](600) == "handled at the top"
+    assert asked == []
+
+
+ASYNC_PROGRAM = '''
+    import asyncio
+
+    def compute(d):
+        total = 0
+        for i in range(3):
+            total += 10 // d
+        return total
+
+    async def worker(d):
+        return compute(d)
+
+    async def awaits_a_task():
+        task = asyncio.create_task(worker(0))
+        try:
+            await task
+        except ZeroDivisionError:
+            return "handled by the awaiting coroutine"
+
+    async def awaits_a_gather():
+        try:
+            await asyncio.gather(worker(1), worker(0))
+        except ZeroDivisionError:
+            return "handled around gather"
+
+    async def keeps_results():
+        return await asyncio.gather(worker(0), return_exceptions=True)
+
+    async def does_not_handle():
+        return await asyncio.create_task(worker(0))
+'''
+
+
+def test_a_handler_in_a_coroutine_that_awaits_the_task_is_respected():
+    # `try: await task` -- the handler is in a coroutine that is suspended,
+    # not on the stack of the task that raises
+    import asyncio
+
+    ns = vaccinate(ASYNC_PROGRAM, entries=("compute",))
+    asked = []
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        asked.append(crash.function)
+        crash.vars["d"] = 5
+        return daifu.RETRY
+
+    assert asyncio.run(ns["awaits_a_task"]()) == "handled by the awaiting coroutine"
+    assert asyncio.run(ns["awaits_a_gather"]()) == "handled around gather"
+    result = asyncio.run(ns["keeps_results"]())
+    assert isinstance(result[0], ZeroDivisionError)
+    assert asked == []
+    # nobody awaiting it handles it: a crash, fixed in the task's live frame
+    assert asyncio.run(ns["does_not_handle"]()) == 6
+    assert asked == ["compute"]
+
+
+def test_except_a_virtual_abc_runs_no_user_code_and_matches_like_cpython():
+    # CPython matches `except V:` on the MRO: a class V.register()ed is not
+    # caught; daifu used isinstance(), which ran V's __instancecheck__ and
+    # wrongly concluded that the program handles the exception
+    from abc import ABCMeta
+
+    calls = []
+
+    class Meta(ABCMeta):
+        def __instancecheck__(cls, inst):
+            calls.append("__instancecheck__")
+            return super().__instancecheck__(inst)
+
+        def __subclasscheck__(cls, sub):
+            calls.append("__subclasscheck__")
+            return super().__subclasscheck__(sub)
+
+    class Virtual(Exception, metaclass=Meta):
+        pass
+
+    Virtual.register(ZeroDivisionError)
+    calls.clear()
+    ns = vaccinate('''
+        def work(d):
+            for _ in range(1):
+                x = 1 // d
+            return x
+
+        def run(exc_class, d):
+            try:
+                return work(d)
+            except exc_class:
+                return "caught"
+    ''')
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        crash.vars["d"] = 1
+        return daifu.RETRY
+
+    assert ns["run"](Virtual, 0) == 1
+    assert calls == []
+    with pytest.raises(ZeroDivisionError):  # what CPython does without daifu
+        _plain_run(Virtual)
+
+
+def _plain_run(exc_class):
+    try:
+        1 // 0
+    except exc_class:
+        return "caught"

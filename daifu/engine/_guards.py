@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import inspect
+import sys
 import threading
 import types
 from functools import lru_cache
@@ -108,6 +109,30 @@ def _is_exception_spec(value: Any) -> bool:
     return isinstance(value, tuple) and all(_is_exception_spec(v) for v in value)
 
 
+def _classes(spec: Any) -> list[type]:
+    return [c for item in spec for c in _classes(item)] if isinstance(spec, tuple) else [spec]
+
+
+def _except_matches(exc: BaseException, spec: Any) -> bool:
+    """What ``except spec:`` decides.  CPython matches on the class's MRO
+    (``PyErr_GivenExceptionMatches``), never calling ``__instancecheck__`` or
+    ``__subclasscheck__``: neither does daifu (no user code runs, and an ABC
+    with registered "virtual" subclasses matches exactly as in CPython)."""
+    mro = type(exc).__mro__
+    return any(c in mro for c in _classes(spec))
+
+
+def _subclass_verdict(exc: BaseException, spec: Any) -> bool | None:
+    """``issubclass(type(exc), spec)`` as a context manager's ``__exit__``
+    computes it (``contextlib.suppress``, ``pytest.raises``), without running
+    user code: None (maybe) where a class with its own metaclass could
+    answer differently through ``__subclasscheck__``."""
+    if _except_matches(exc, spec):
+        return True
+    plain = all(type(c) is type for c in _classes(spec))
+    return False if plain else None
+
+
 # -- context managers -----------------------------------------------------------------
 
 
@@ -117,7 +142,7 @@ def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
         return None
     try:
         if isinstance(cm, contextlib.suppress):
-            return isinstance(exc, cm._exceptions)
+            return _subclass_verdict(exc, cm._exceptions)
         if isinstance(cm, contextlib._GeneratorContextManager):
             gen = cm.gen
             frame = getattr(gen, "gi_frame", None)
@@ -134,9 +159,9 @@ def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
         if mod.startswith("_pytest") and name in ("RaisesContext", "RaisesExc", "RaisesGroup"):
             expected = getattr(cm, "expected_exception", None) or getattr(
                 cm, "expected_exceptions", None)
-            return True if expected is None else isinstance(exc, expected)
+            return True if expected is None else _subclass_verdict(exc, expected)
         if mod == "unittest.case" and name == "_AssertRaisesContext":
-            return isinstance(exc, cm.expected)
+            return _subclass_verdict(exc, cm.expected)
         exit_fn = inspect.getattr_static(cls, "__exit__", None)
         return _exit_may_suppress(exit_fn)
     except Exception:
@@ -188,7 +213,7 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
         args = tuple(eval_ref(a, ns) for a in guard.args)
         if not guard.args or any(a is _UNKNOWN for a in args):
             return None
-        return isinstance(exc, args) if all(_is_exception_spec(a) for a in args) else None
+        return _subclass_verdict(exc, args) if all(_is_exception_spec(a) for a in args) else None
     if isinstance(value, type):
         if issubclass(value, (contextlib.ExitStack, contextlib.AsyncExitStack)):
             return None  # its callbacks are not known until it runs
@@ -230,7 +255,7 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
                     matched: bool | None = True
                 else:
                     spec = eval_ref(clause.test, ns)
-                    matched = isinstance(exc, spec) if _is_exception_spec(spec) else True
+                    matched = _except_matches(exc, spec) if _is_exception_spec(spec) else True
                 if matched:
                     if clause.reraises:
                         break  # handled, then re-raised: it escapes all the same
@@ -274,14 +299,12 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str])
                 return True
             f = f.f_back
     back, _ = backend()
-    f = frame
     c_boundary = False
     transparent = True  # every frame so far belongs to a target file
-    for _ in range(512):
-        caller = f.f_back
+    for f, caller, via_call in _exception_path(frame):
         if caller is None:
-            return False
-        if not c_boundary and back is not None and _entered_from_c(f, caller, back):
+            return True  # the program keeps it (gather(..., return_exceptions=True))
+        if via_call and not c_boundary and back is not None and _entered_from_c(f, caller, back):
             c_boundary = True  # (never reset: no need to look again)
         vaccinated = cells_of(caller.f_code) is not None
         if caller.f_code.co_filename not in targets:
@@ -297,8 +320,99 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str])
                     return True
                 if verdict is None and vaccinated and transparent:
                     return True
-        f = caller
     return False
+
+
+_CO_COROUTINE = 0x80
+
+
+def _exception_path(frame: types.FrameType):
+    """The frames an exception escaping ``frame`` reaches, nearest first, as
+    ``(frame it leaves, frame it reaches, reached by a call)`` -- the
+    callers, except that the root coroutine of an asyncio task gives its
+    exception to the task, which hands it to whoever awaits the task: the
+    awaiting coroutines (suspended, not on this stack) instead of the event
+    loop's frames.  ``(.., None, ..)`` means the program keeps the exception
+    as a value."""
+    f = frame
+    while True:
+        if f.f_code.co_flags & _CO_COROUTINE:
+            task = _task_of(f)
+            if task is not None:
+                yield from _awaiters(task, f, set())
+                return
+        caller = f.f_back
+        if caller is None:
+            return
+        yield f, caller, True
+        f = caller
+
+
+def _task_of(frame: types.FrameType) -> Any:
+    """The running asyncio task whose root coroutine runs in ``frame``, or None."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        task = asyncio.current_task()
+    except Exception:  # no running loop
+        return None
+    coro = task.get_coro() if task is not None else None
+    return task if getattr(coro, "cr_frame", None) is frame else None
+
+
+def _suspended(coro: Any) -> list[types.FrameType]:
+    """The frames of a suspended coroutine and of what it awaits, innermost first."""
+    frames = []
+    while coro is not None and len(frames) < 256:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(frame)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return frames[::-1]
+
+
+def _awaiters(future: Any, leaving: types.FrameType, seen: set[int]):
+    """Where a finished future's exception goes next (see ``_exception_path``):
+    the first of its done-callbacks that daifu knows."""
+    if id(future) in seen or len(seen) > 64:
+        return
+    seen.add(id(future))
+    for callback, _context in list(getattr(future, "_callbacks", None) or ()):
+        name = getattr(callback, "__name__", "")
+        owner = getattr(callback, "__self__", None)
+        if name in ("task_wakeup", "__wakeup", "_Task__wakeup") and owner is not None:
+            # a task awaits it: the exception is thrown into its coroutines
+            # where they are suspended, innermost first
+            for frame in _suspended(owner.get_coro()):
+                yield leaving, frame, False
+                leaving = frame
+            yield from _awaiters(owner, leaving, seen)
+            return
+        if name == "_run_until_complete_cb":
+            # loop.run_until_complete (asyncio.run) raises it again: its callers
+            f = leaving
+            while f is not None and not (f.f_code.co_name == "run_until_complete"
+                                         and "asyncio" in f.f_code.co_filename):
+                f = f.f_back
+            if f is not None:
+                yield from _exception_path(f)
+            return
+        code = getattr(callback, "__code__", None)
+        if name == "_done_callback" and code is not None and "outer" in code.co_freevars:
+            cells = dict(zip(code.co_freevars, callback.__closure__ or ()))
+            try:
+                if cells["return_exceptions"].cell_contents:
+                    yield leaving, None, False  # gather() returns it as a result
+                    return
+                outer = cells["outer"].cell_contents
+            except (KeyError, ValueError):
+                return
+            if outer is not None:  # asyncio.gather(): its future gets the exception
+                yield from _awaiters(outer, leaving, seen)
+            return
+    # no known awaiter (asyncio.wait, TaskGroup, callbacks ...): nothing more is known
 
 
 def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bool:
