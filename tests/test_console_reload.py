@@ -210,7 +210,7 @@ def test_journal_records_and_replay_matches_by_statement(tmp_path, module):
 
     assert mod.work([0], []) == [0]
     records = read_events(path)
-    assert [r["type"] for r in records] == ["crash", "patch", "patch"]
+    assert [r["type"] for r in records] == ["crash", "patch", "patch", "outcome"]
     assert records[1]["code"] == "x = 2" and records[2]["decision"] == "retry"
 
     ENGINE.reset()

@@ -412,12 +412,12 @@ def test_continue_refused_across_with_block():
 
 
 LEAVING = '''
-def returns(box):
+def returns(box, token):
     for _ in range(1):
         pass
     return 100 // box[0]
 
-def caught_on_retry(box):
+def caught_on_retry(box, token):
     try:
         for _ in range(1):
             y = box[0]
@@ -428,11 +428,25 @@ def caught_on_retry(box):
 
 
 def test_a_retry_that_returns_or_raises_again_is_over_and_frees_the_frame(engine):
+    import gc
+    import weakref
+
+    class Token:
+        pass
+
     m = vaccinate(LEAVING)
     retry_setting(box=[4])
-    assert m["returns"]([0]) == 25  # the retried statement is the return itself
-    assert engine.stats["recovered"] == 1 and not engine._pending
+    token = Token()
+    ref = weakref.ref(token)
+    assert m["returns"]([0], token) == 25  # the retried statement is the return itself
+    del token
+    gc.collect()
+    assert engine.stats["recovered"] == 1 and ref() is None  # nothing kept the frame
     engine.reset()
     retry_setting(box={})  # the retry raises KeyError, which the function catches
-    assert m["caught_on_retry"]([]) == "caught"
-    assert not engine._pending
+    token = Token()
+    ref = weakref.ref(token)
+    assert m["caught_on_retry"]([], token) == "caught"
+    del token
+    gc.collect()
+    assert ref() is None and not engine._pending

@@ -428,6 +428,175 @@ def test_except_a_virtual_abc_runs_no_user_code_and_matches_like_cpython():
 
 def _plain_run(exc_class):
     try:
-        1 // 0
+        return 1 // 0
     except exc_class:
         return "caught"
+
+
+# -- tracers and profilers -------------------------------------------------------------
+
+TRACED = '''
+    def eafp(xs):
+        out = []
+        for x in xs:
+            try:
+                out.append(10 // x)
+            except ZeroDivisionError:
+                out.append(None)
+        return out
+
+    def crashy(d):
+        total = 0
+        for i in range(2):
+            total += 10 // d
+        return total
+'''
+
+
+def _record(fn, *args):
+    """Run fn under a tracer and a profiler; return (result, trace, profile events)."""
+    trace, profile = [], []
+
+    def tracer(frame, event, arg):
+        trace.append((event, frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+        return tracer
+
+    def profiler(frame, event, arg):
+        profile.append((event, frame.f_code.co_filename, frame.f_code.co_name,
+                        getattr(arg, "__qualname__", None) if event.startswith("c_") else None))
+
+    old_trace, old_profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(tracer)
+    sys.setprofile(profiler)
+    try:
+        result = fn(*args)
+        still = (sys.gettrace() is tracer, sys.getprofile() is profiler)
+    finally:
+        sys.settrace(old_trace)
+        sys.setprofile(old_profile)
+    assert still == (True, True), "daifu did not restore the tracer and profiler exactly"
+    return result, trace, profile
+
+
+def _daifu_frames(events):
+    import daifu as pkg
+
+    root = pkg.__file__.rsplit("/", 1)[0]
+    return [e for e in events if e[1].startswith(root)]
+
+
+def test_a_tracer_sees_the_same_events_for_an_exception_the_program_handles():
+    # the exception passes a crash barrier (the engine decides it is handled):
+    # a tracer (pdb, coverage) and a profiler must see nothing of that
+    vaccinated = vaccinate(TRACED, name="traced")["eafp"]
+    original = __import__("tests.support", fromlist=["plain"]).plain(TRACED, name="traced")["eafp"]
+    got, trace, profile = _record(vaccinated, [1, 0, 2])
+    want, plain_trace, plain_profile = _record(original, [1, 0, 2])
+    assert got == want == [10, None, 5]
+    assert [e[0] + str(e[3]) for e in trace] == [e[0] + str(e[3]) for e in plain_trace]
+    assert not _daifu_frames(trace) and not _daifu_frames(profile)
+    # a profiler sees the two builtins that suspend it, nothing else of daifu
+    called = {e[3] for e in profile if e[0] == "c_call" and e[2] == "eafp"}
+    assert called <= {"list.append", "getprofile", "setprofile"}
+
+
+def test_a_tracer_and_profiler_see_no_daifu_frame_while_a_crash_is_fixed():
+    ns = vaccinate(TRACED)
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        crash.vars["d"] = 5
+        return daifu.RETRY
+
+    result, trace, profile = _record(ns["crashy"], 0)
+    assert result == 4
+    assert not _daifu_frames(trace), _daifu_frames(trace)
+    assert not _daifu_frames(profile), _daifu_frames(profile)
+    assert not [e for e in trace if e[2] == "fix"]  # rules run untraced, like daifu itself
+    lines = [e[3] for e in trace if e[0] == "line" and e[2] == "crashy"]
+    assert lines == [12, 13, 14, 14, 13, 14, 13, 15]  # the failing line, then its retry
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+def test_continue_at_a_failing_for_header_goes_on_with_the_next_item():
+    # CONTINUE at `for batch in loader:` (the loader's __next__ raised) was
+    # refused as "not inside a loop"; it means the loop's next item
+    ns = vaccinate('''
+        class Loader:
+            def __init__(self, items):
+                self.items = list(items)
+            def __iter__(self):
+                return self
+            def __next__(self):
+                if not self.items:
+                    raise StopIteration
+                item = self.items.pop(0)
+                if item is None:
+                    raise ValueError("corrupt sample")
+                return item
+
+        def train(items):
+            seen = []
+            for batch in Loader(items):
+                seen.append(batch)
+            return seen
+    ''', entries=("train",))
+
+    @daifu.on(ValueError)
+    def next_item(crash):
+        assert crash.kind == "loop-header" and crash.can_continue, crash.continue_reason
+        return daifu.CONTINUE
+
+    assert ns["train"]([1, None, 2, None, 3]) == [1, 2, 3]
+
+
+def test_skip_of_the_last_statement_of_a_function_works():
+    # the last statement (a report line, usually) shares its location with
+    # the implicit `return None`: skip was refused ("no single continuation")
+    ns = vaccinate('''
+        def report(log, results):
+            log.append("start")
+            log.append(f"accuracy {results['accuracy']:.2f}")
+    ''')
+
+    @daifu.on(KeyError)
+    def skip(crash):
+        assert crash.can_skip, crash.skip_reason
+        return daifu.SKIP
+
+    log = []
+    assert ns["report"](log, {}) is None
+    assert log == ["start"]
+
+
+EXITING = '''
+import sys
+import daifu
+
+@daifu.on(ZeroDivisionError)
+def give_up_the_job(crash):
+    print("rule: exiting with 9", flush=True)
+    raise SystemExit(9)
+
+def train():
+    for step in range(3):
+        try:
+            x = 10 // (step - 1)
+        finally:
+            print("finally of step", step, flush=True)
+
+train()
+print("not reached")
+'''
+
+
+def test_a_rules_system_exit_exits_with_its_status(tmp_path):
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    proc = run_daifu([script], cwd=tmp_path)
+    assert proc.returncode == 9, proc.stderr
+    assert proc.stdout.splitlines() == ["finally of step 0", "rule: exiting with 9",
+                                        "finally of step 1"]
+    assert "Traceback" not in proc.stderr

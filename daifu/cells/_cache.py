@@ -100,6 +100,8 @@ class _Pickler(pickle.Pickler):
 
 #: what constants of code objects need besides pickle's own types
 _BUILTINS = frozenset({"complex", "frozenset", "set", "slice", "range", "bytearray", "Ellipsis"})
+#: the builtins the stubs call to suspend a tracer or profiler around daifu
+_SYS = frozenset({"gettrace", "settrace", "getprofile", "setprofile"})
 
 
 def _ours(obj) -> bool:
@@ -120,6 +122,7 @@ class _Unpickler(pickle.Unpickler):
                 if _ours(obj):
                     return obj
             elif (module == "builtins" and name in _BUILTINS) or (
+                    module == "sys" and name in _SYS) or (
                     module == "copyreg" and name == "_reconstructor"):
                 return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a daifu cache entry refers to {module}.{name}")

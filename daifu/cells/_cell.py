@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: what a crash barrier answers; the stub the rewrite appends to every cell
-#: dispatches on it (anything else re-raises the exception)
-RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE, NEW_CODE = 0, 1, 2, 3, 4
+#: dispatches on it.  Besides these codes, an answer can be a 2-tuple
+#: ``(function, args)``: continue in new code (after a reload) -- the frame
+#: returns ``function(*args)`` -- or a 1-tuple ``(exception,)``: raise that
+#: exception instead (a rule's ``SystemExit``), where the statement failed.
+RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,8 @@ class CodeInfo:
     firstlineno: int
     module: str | None = None
     cells: list[Cell] = field(default_factory=list)
-    #: (start, stop) byte offsets in the rewritten code -> cell; filled lazily.
-    ranges: list[tuple[int, int, Cell]] | None = None
+    #: (start, stop, cell, retry copy?) byte ranges of the rewritten code; filled lazily
+    ranges: list[tuple[int, int, Cell, bool]] | None = None
     original: types.CodeType | None = None
 
     def __repr__(self) -> str:

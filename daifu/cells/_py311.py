@@ -14,9 +14,13 @@ statement's instructions that can be re-executed from its start) the rewrite
   instruction originally had, so the user's handlers, ``with`` exits and
   ``finally`` blocks run exactly as before, with the original traceback and
   ``f_lasti``;
-* retry jumps to a *copy* of the cell whose exits pass through a small
-  trampoline calling ``resumed(cell)`` -- that is how the engine learns that the
-  retried statement completed, without any cost when nothing crashed.
+* retry jumps to a *copy* of the cell, appended too: a retried statement that
+  fails again has its ``lasti`` in the copy, which is how the engine counts
+  attempts without any cost when nothing crashed;
+* the engine runs with the program's tracer and profiler suspended (the stub
+  switches them off around the barrier call with builtins, which create no
+  frames), and daifu's instructions carry no line numbers: a debugger,
+  coverage or a profiler sees no event of daifu's.
 
 Only CPython 3.11 is handled here; ``_dispatch`` refuses other versions.
 """
@@ -33,7 +37,7 @@ from bytecode.instr import CellVar, FreeVar, InstrLocation
 
 from ._cell import (
     CONTINUE_CODE,
-    NEW_CODE,
+    RAISE_CODE,
     RETRY_CODE,
     SKIP_CODE,
     Cell,
@@ -52,6 +56,8 @@ assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 
 
 PYTHON = (3, 11)
 _CO_OPTIMIZED = 0x1
+_LOAD_CONST = 100  # dis.opmap["LOAD_CONST"]
+_EXTENDED_ARG = 144  # dis.opmap["EXTENDED_ARG"]
 
 
 
@@ -87,12 +93,12 @@ _TERMINAL = frozenset(
         "JUMP_BACKWARD_NO_INTERRUPT",
     }
 )
-_FORWARD = {
-    "JUMP_BACKWARD": "JUMP_FORWARD",
-    "POP_JUMP_BACKWARD_IF_TRUE": "POP_JUMP_FORWARD_IF_TRUE",
-    "POP_JUMP_BACKWARD_IF_FALSE": "POP_JUMP_FORWARD_IF_FALSE",
-    "POP_JUMP_BACKWARD_IF_NONE": "POP_JUMP_FORWARD_IF_NONE",
-    "POP_JUMP_BACKWARD_IF_NOT_NONE": "POP_JUMP_FORWARD_IF_NOT_NONE",
+_BACKWARD = {
+    "JUMP_FORWARD": "JUMP_BACKWARD",
+    "POP_JUMP_FORWARD_IF_TRUE": "POP_JUMP_BACKWARD_IF_TRUE",
+    "POP_JUMP_FORWARD_IF_FALSE": "POP_JUMP_BACKWARD_IF_FALSE",
+    "POP_JUMP_FORWARD_IF_NONE": "POP_JUMP_BACKWARD_IF_NONE",
+    "POP_JUMP_FORWARD_IF_NOT_NONE": "POP_JUMP_BACKWARD_IF_NOT_NONE",
 }
 _FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"})
 # Cleanup code that a handler runs on its way to re-raising.
@@ -275,6 +281,40 @@ def running_function(frame: types.FrameType) -> types.FunctionType | None:
     return candidates[0] if len(candidates) == 1 else None
 
 
+# -- reading rewritten code ---------------------------------------------------------
+
+
+def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
+    """(start, stop, cell, is the retry copy) in byte offsets of rewritten
+    ``code``: the ranges of its exception table that lead to a cell's stub
+    (whose first instruction loads the cell).  A cell's first range is its
+    original instructions; a later one is its retry copy (appended)."""
+    import dis
+
+    raw, consts = code.co_code, code.co_consts
+    found: list[tuple[int, int, Cell]] = []
+    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable in 3.11
+        offset, ext = entry.target, 0
+        while offset + 1 < len(raw) and raw[offset] == _EXTENDED_ARG:
+            ext = (ext | raw[offset + 1]) << 8
+            offset += 2
+        if offset + 1 < len(raw) and raw[offset] == _LOAD_CONST:
+            arg = ext | raw[offset + 1]
+            if arg < len(consts) and type(consts[arg]) is Cell:
+                found.append((entry.start, entry.end, consts[arg]))
+    seen: set[int] = set()
+    out = []
+    for start, stop, cell in sorted(found, key=lambda r: r[0]):
+        out.append((start, stop, cell, id(cell) in seen))
+        seen.add(id(cell))
+    return out
+
+
+def lasti_offset(lasti: int) -> int:
+    """The byte offset of instruction number ``lasti`` (what a barrier receives)."""
+    return lasti * 2
+
+
 # -- decoding and analysis ------------------------------------------------------
 
 
@@ -446,6 +486,19 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
         forced |= new_forced
 
 
+def _drop_implicit_returns(ops: list[_Op], stmts: list) -> None:
+    """The ``return None`` the compiler adds at the end of a function (or
+    module) carries the location of the last statement; it is not part of
+    that statement (which then ends where skip can continue: at that return)."""
+    import ast
+
+    for i in range(1, len(ops)):
+        if (ops[i].instr.name == "RETURN_VALUE" and ops[i - 1].instr.name == "LOAD_CONST"
+                and ops[i - 1].instr.arg is None and stmts[i] is not None
+                and stmts[i] is stmts[i - 1] and not isinstance(stmts[i], ast.Return)):
+            stmts[i] = stmts[i - 1] = None
+
+
 def _role(run: _Run, ops: list[_Op]) -> str:
     names = {ops[i].instr.name for i in range(run.start, run.stop)}
     kind = type(run.stmt).__name__
@@ -512,20 +565,22 @@ def _plan_skip(run: _Run, role: str, ops, label_at) -> tuple[str | None, str | N
     return "the statement has no single continuation", None
 
 
-def _plan_continue(run: _Run, runs: list[_Run], msrc: ModuleSource) -> str | None:
+def _plan_continue(run: _Run, headers: dict[int, _Run], msrc: ModuleSource) -> str | None:
     """``CONTINUE`` jumps to the innermost for loop's header, like a ``continue``
     statement -- possible only when no ``try``/``with`` lies between (their
-    exits would be skipped) and the stack holds nothing beyond the loop's own."""
+    exits would be skipped) and the stack holds nothing beyond the loop's own.
+    At a failing loop header it is the loop's next item: ``next()`` again."""
+    if run.role == "loop-header":
+        run.continue_target = run.start
+        return None
     loop = msrc.enclosing_loop(run.stmt)
     if loop is None:
         return "not inside a loop"
     if type(loop).__name__ != "For":
         return "only for loops support continue (this is a while loop)"
-    header = next((r for r in runs if r.stmt is loop and r.role == "loop-header"), None)
+    header = headers.get(id(loop))
     if header is None:
         return "the loop header could not be located"
-    if run is header:
-        return "this is the loop header itself (use retry or skip)"
     if run.entry != header.entry or run.base != header.base:
         return "a try, with or except block between the statement and the loop would be skipped"
     run.continue_target = header.start
@@ -792,8 +847,7 @@ def rewrite(
 ) -> types.CodeType:
     """Rewrite one code object; raise ``Unsupported`` if it cannot be done.
 
-    ``hooks`` provides ``barrier``, ``resumed`` and ``take_continuation`` (the
-    engine functions the stubs call)."""
+    ``hooks`` provides ``barrier`` (the engine function the stubs call)."""
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
         raise Unsupported("async functions and async generators are not vaccinated yet")
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
@@ -808,6 +862,7 @@ def rewrite(
 
     index = msrc.statements(scope)
     stmts = [index.lookup(_location(op.instr)) if op.instr.location else None for op in ops]
+    _drop_implicit_returns(ops, stmts)
     runs = _build_runs(ops, label_at, stmts)
     if not runs:
         raise Unsupported("no statement could be made recoverable")
@@ -834,10 +889,11 @@ def rewrite(
                 "with and try blocks must keep their structure")
         continuation.target = label_for(target.start)
     # cells
+    headers = {id(r.stmt): r for r in runs if r.role == "loop-header"}
     for n, run in enumerate(runs):
         role = run.role
         skip_reason, skip_effect = _plan_skip(run, role, ops, label_at)
-        continue_reason = _plan_continue(run, runs, msrc)
+        continue_reason = _plan_continue(run, headers, msrc)
         retry_reason = "a raise statement always raises" if role == "raise" else None
         guards = handler_chain(ops, label_at, run.entry, msrc, code)
         with_slots = tuple(g.slot for g in guards if isinstance(g, WithGuard))
@@ -892,10 +948,10 @@ def rewrite(
     for lb in labels_at.get(len(ops), ()):
         items.append(_Item(label=lb))
 
-    # 2. retry copies with "resumed" trampolines, 3. stubs
+    # 2. retry copies, 3. stubs
     generator = bool(code.co_flags & 0x20)
     for run in runs:
-        _emit_copy(items, run, ops, label_at, label_for, hooks.resumed)
+        _emit_copy(items, run, ops, label_at, label_for)
     for run in runs:
         _emit_stub(items, run, ops, label_for, hooks, generator)
     if continuation is not None:
@@ -915,15 +971,17 @@ def rewrite(
     return new_code
 
 
-def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
+def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
+    """The cell's *retry copy*: the same instructions, covered by the same
+    stub, appended after the original code.  Retry jumps here, so a failure
+    of the retried statement has its ``lasti`` in the copy: that is how the
+    engine counts attempts, with nothing added to the normal path.  Exits
+    jump back into the original code (backward: the copy lies after it)."""
     if not run.cell.can_retry:
         return
     key = (run.stub, True, run.base)
     inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
-    tramp: dict[int, Label] = {}
-    exits = _exits(run, ops, label_at)
-    for _, t, _ in exits:
-        tramp.setdefault(t, Label())
+    tramp: dict[int, Label] = {}  # forward-only jumps out of the copy
     items.append(_Item(label=run.copy))
     for i in range(run.start, run.stop):
         op = ops[i]
@@ -934,90 +992,174 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for, resumed) -> None:
             t = label_at[ins.arg]
             if t in run:
                 ins.arg = inner[t] if t != run.start else run.copy
+            elif ins.name in _FORWARD_ONLY:
+                ins.arg = tramp.setdefault(t, Label())
             else:
-                ins = Instr(_FORWARD.get(ins.name, ins.name), tramp[t], location=ins.location)
-        elif ins.name == "RETURN_VALUE":  # leaving the frame completes the statement too
-            items.extend(_Item(i, key) for i in _resumed_call(resumed, run.cell, ins.location))
+                ins = Instr(_BACKWARD.get(ins.name, ins.name), label_for(t),
+                            location=ins.location)
         items.append(_Item(ins, key))
-    loc = ops[run.start].instr.location
-    # fall-through exit first so that it is reached without a jump
-    order = sorted(tramp.items(), key=lambda kv: kv[0] != run.stop)
-    for t, lab in order:
+    if ops[run.stop - 1].instr.name not in _TERMINAL:  # falls through: straight back
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.stop), _NOWHERE),
+                           _target_key(ops, run.stop)))
+    for t, lab in tramp.items():
         items.append(_Item(label=lab))
-        tkey = ops[t].entry if t < len(ops) else None
-        if tkey is not None and ops[t].depth is not None and tkey[2] > ops[t].depth:
-            tkey = None
-        for ins in [*_resumed_call(resumed, run.cell, loc),
-                    _instr("JUMP_BACKWARD", label_for(t), loc)]:
-            items.append(_Item(ins, tkey))
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(t), _NOWHERE), _target_key(ops, t)))
 
 
-def _resumed_call(resumed, cell: Cell, loc) -> list[Instr]:
-    """``resumed(cell)``, stack unchanged: how a retry copy says it completed."""
+def _target_key(ops, t: int) -> EntryKey | None:
+    """The exception-table entry for a jump landing at instruction ``t``
+    (``JUMP_BACKWARD`` checks for signals: a ``KeyboardInterrupt`` there
+    belongs to the handler of where the jump goes)."""
+    key = ops[t].entry if t < len(ops) else None
+    if key is not None and (ops[t].depth is None or key[2] > ops[t].depth):
+        return None
+    return key
+
+
+#: daifu's own instructions have no line: a tracer sees no line event for them
+_NOWHERE = InstrLocation(None, None, None, None)
+
+
+def _suspend_tracing() -> list:
+    """Push ``sys.getprofile()`` and ``sys.gettrace()`` and switch both off,
+    so that the Python code daifu calls next (the engine) produces no call or
+    line events for a debugger, coverage or a profiler.  Builtins only: they
+    create no frames (a profiler sees ``getprofile`` and ``setprofile``
+    called; nothing else of daifu)."""
+    no_profile, no_trace = Label(), Label()
     return [
-        _instr("PUSH_NULL", loc=loc),
-        _instr("LOAD_CONST", resumed, loc),
-        _instr("LOAD_CONST", cell, loc),
-        *_call(1, loc),
-        _instr("POP_TOP", loc=loc),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.getprofile, _NOWHERE),
+        *_call(0, _NOWHERE),
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_FORWARD_IF_NONE", no_profile, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        Instr("LOAD_CONST", None, location=_NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        no_profile,
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.gettrace, _NOWHERE),
+        *_call(0, _NOWHERE),
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_FORWARD_IF_NONE", no_trace, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        Instr("LOAD_CONST", None, location=_NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        no_trace,
     ]
+
+
+def _restore_tracing() -> list:
+    """``[profile, trace, result]`` -> ``[result]``, the tracer and profiler
+    set back exactly as they were (after daifu's frame has returned, so
+    neither sees its return)."""
+    trace_off, profile_off = Label(), Label()
+    return [
+        _instr("SWAP", 2, _NOWHERE),  # profile, result, trace
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_FORWARD_IF_NONE", trace_off, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        _instr("COPY", 3, _NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        trace_off,
+        _instr("POP_TOP", loc=_NOWHERE),
+        _instr("SWAP", 2, _NOWHERE),  # result, profile
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_FORWARD_IF_NONE", profile_off, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        _instr("COPY", 3, _NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        profile_off,
+        _instr("POP_TOP", loc=_NOWHERE),
+    ]
+
+
+def _items(seq: list, key) -> list[_Item]:
+    return [_Item(label=x) if isinstance(x, Label) else _Item(x, key) for x in seq]
 
 
 def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:
     barrier = hooks.barrier
-    loc = ops[run.start].instr.location
     b = run.base
-    fallback, on_retry, on_skip, on_continue = Label(), Label(), Label(), Label()
-    on_new_code = Label()
-    guard_key = (fallback, False, b + 2)
-    slots = range(b)  # the whole stack below the cell: iterators, with exits, ...
-    body = [
-        _instr("COPY", 1, loc),
+    cell_loc = ops[run.start].instr.location
+    fallback, traced_fallback, answered = Label(), Label(), Label()
+    on_retry, on_skip, on_continue, on_raise, on_other = (Label() for _ in range(5))
+    guard_key = (fallback, False, b + 2)  # any failure in the stub: re-raise the original
+    traced_key = (traced_fallback, False, b + 5)  # the barrier call, tracing suspended
+    loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
+    # the first instruction loads the cell: that is how ``cell_ranges`` finds it
+    head = [_instr("LOAD_CONST", run.cell, loc), *_suspend_tracing()]
+    # stack: ..., lasti, exc, cell, profile, trace
+    call = [
         _instr("PUSH_NULL", loc=loc),
-        _instr("SWAP", 2, loc),
         _instr("LOAD_CONST", barrier, loc),
-        _instr("SWAP", 2, loc),
-        _instr("LOAD_CONST", run.cell, loc),
-        _instr("COPY", 6, loc),  # lasti
+        _instr("COPY", 6, loc),  # exc
+        _instr("COPY", 6, loc),  # cell
+        _instr("COPY", 9, loc),  # lasti
     ]
-    depth = b + 7
-    for n, slot in enumerate(slots):
-        body.append(_instr("COPY", depth + n - slot, loc))
-    body.append(_instr("BUILD_TUPLE", len(slots), loc))
-    body += _call(4, loc)
+    depth = b + 10
+    for n, slot in enumerate(range(b)):  # the whole stack below the cell
+        call.append(_instr("COPY", depth + n - slot, loc))
+    call.append(_instr("BUILD_TUPLE", b, loc))
+    call += _call(4, loc)
+    # ..., lasti, exc, cell, profile, trace, answer -> ..., lasti, exc, answer
+    body = [answered, *_restore_tracing(), _instr("SWAP", 2, loc), _instr("POP_TOP", loc=loc)]
+
+    def branch(code: int, target: Label) -> list:
+        return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
+                _instr("COMPARE_OP", Compare.EQ, loc),
+                _instr("POP_JUMP_FORWARD_IF_TRUE", target, loc)]
+
     if run.cell.can_retry:
-        body += [
-            _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", RETRY_CODE, loc),
-            _instr("COMPARE_OP", Compare.EQ, loc),
-            _instr("POP_JUMP_FORWARD_IF_TRUE", on_retry, loc),
-        ]
+        body += branch(RETRY_CODE, on_retry)
     if run.skip_target is not None and run.cell.can_skip:
-        body += [
-            _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", SKIP_CODE, loc),
-            _instr("COMPARE_OP", Compare.EQ, loc),
-            _instr("POP_JUMP_FORWARD_IF_TRUE", on_skip, loc),
-        ]
+        body += branch(SKIP_CODE, on_skip)
     if run.continue_target is not None:
-        body += [
-            _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", CONTINUE_CODE, loc),
-            _instr("COMPARE_OP", Compare.EQ, loc),
-            _instr("POP_JUMP_FORWARD_IF_TRUE", on_continue, loc),
-        ]
-    if not generator:
-        body += [
-            _instr("COPY", 1, loc),
-            _instr("LOAD_CONST", NEW_CODE, loc),
-            _instr("COMPARE_OP", Compare.EQ, loc),
-            _instr("POP_JUMP_FORWARD_IF_TRUE", on_new_code, loc),
-        ]
-    body.append(_instr("POP_TOP", loc=loc))
+        body += branch(CONTINUE_CODE, on_continue)
+    body += branch(RAISE_CODE, on_raise)
+    # a tuple: (exception,) raises it here; (function, args) continues in new code
+    body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
+             _instr("COMPARE_OP", Compare.EQ, loc),
+             _instr("POP_JUMP_FORWARD_IF_TRUE", on_other, loc)]
+    if generator:  # no continuation in new code for a generator's frame
+        body.append(_instr("JUMP_FORWARD", on_raise, loc))
     items.append(_Item(label=run.stub))
-    for ins in body:
-        items.append(_Item(ins, guard_key))
+    items.extend(_items(head, guard_key))
+    items.extend(_items(call, traced_key))
+    items.extend(_items(body, guard_key))
+    if not generator:
+        # continue in new code (a reload changed this very function): call the
+        # continuation and return what it returns.  Not covered by any handler:
+        # the continuation runs the user's with/finally exits itself, and its
+        # exception must leave this frame untouched.
+        items.extend(_items([
+            _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
+            _instr("PUSH_NULL", loc=loc),
+            _instr("SWAP", 3, loc),  # NULL, fn, args
+            _instr("CALL_FUNCTION_EX", 0, loc),
+            _instr("RETURN_VALUE", loc=loc),
+        ], None))
+    # (exception,): raised where the statement failed; the user's handlers,
+    # with exits and finally blocks see it as if the statement had raised it
+    items.append(_Item(label=on_other))
+    items.append(_Item(_instr("UNPACK_SEQUENCE", 1, loc), guard_key))
+    items.append(_Item(_instr("RAISE_VARARGS", 1, cell_loc), run.entry))
+    items.append(_Item(label=on_raise))
+    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
     items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    # the barrier call failed (RecursionError at the limit): answer "re-raise"
+    items.append(_Item(label=traced_fallback))
+    items.extend(_items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
+                         _instr("JUMP_BACKWARD", answered, loc)], guard_key))
     items.append(_Item(label=fallback))
     items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
     items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
@@ -1030,35 +1172,14 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
         items.append(_Item(label=on_skip))
         for _ in range(3 + run.skip_pops):
             items.append(_Item(_instr("POP_TOP", loc=loc), None))
-        skey = ops[run.skip_target].entry if run.skip_target < len(ops) else None
-        tdepth = ops[run.skip_target].depth if run.skip_target < len(ops) else None
-        if skey is not None and (tdepth is None or skey[2] > tdepth):
-            skey = None
-        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc), skey))
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc),
+                           _target_key(ops, run.skip_target)))
     if run.continue_target is not None:
         items.append(_Item(label=on_continue))
         for _ in range(3):
             items.append(_Item(_instr("POP_TOP", loc=loc), None))
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.continue_target), loc),
                            run.entry))
-    if not generator:
-        # continue in new code (a reload changed this very function): call the
-        # continuation and return what it returns.  Not covered by any handler:
-        # the continuation runs the user's with/finally exits itself, and its
-        # exception must leave this frame untouched.
-        items.append(_Item(label=on_new_code))
-        for ins in [
-            _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
-            _instr("PUSH_NULL", loc=loc),
-            _instr("LOAD_CONST", hooks.take_continuation, loc),
-            _instr("PRECALL", 0, loc), _instr("CALL", 0, loc),
-            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
-            _instr("PUSH_NULL", loc=loc),
-            _instr("SWAP", 3, loc),  # NULL, fn, args
-            _instr("CALL_FUNCTION_EX", 0, loc),
-            _instr("RETURN_VALUE", loc=loc),
-        ]:
-            items.append(_Item(ins, None))
 
 
 def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label_for) -> None:

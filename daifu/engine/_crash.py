@@ -47,9 +47,11 @@ class Crash(Capabilities):
         self.stack = stack
         slot = cell.iterator_slot
         self.iterator = stack[slot] if slot is not None and slot < len(stack) else None
-        self.retry_reason = cell.retry_reason or _dead_iterator(self.iterator)
+        dead = _dead_iterator(self.iterator)
+        self.retry_reason = cell.retry_reason or dead
         self.skip_reason = cell.skip_reason
-        self.continue_reason = cell.continue_reason
+        header = cell.role == "loop-header"
+        self.continue_reason = cell.continue_reason or (dead if header else None)
 
     # -- facts ---------------------------------------------------------------
 

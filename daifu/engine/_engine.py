@@ -32,7 +32,6 @@ from typing import Any
 from .._errors import PatchError
 from ..cells._cell import (
     CONTINUE_CODE,
-    NEW_CODE,
     RAISE_CODE,
     RETRY_CODE,
     SKIP_CODE,
@@ -40,6 +39,7 @@ from ..cells._cell import (
     cells_of,
 )
 from ..cells._context import read_locals
+from ..cells._dispatch import backend
 from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
@@ -53,7 +53,7 @@ from ._events import (
     RuleFailed,
     emit,
 )
-from ._guards import handled_above, would_catch
+from ._guards import cell_range, handled_above, would_catch
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._rules import RuleBook
 
@@ -62,12 +62,16 @@ _NOT_CRASHES = (StopIteration, StopAsyncIteration)
 
 @dataclass
 class _Pending:
-    """A retry in flight: the retried statement has not completed yet."""
+    """A retry decided at (frame, cell): if the retried statement fails again
+    (its ``lasti`` is in the cell's retry copy), that is the next attempt of
+    the same crash.  Holds no frame: a finished retry leaves nothing alive."""
 
-    frame: types.FrameType
     attempt: int
     started: float
-    where: str  # the crash's, so that crash.resumed names the same line
+
+
+#: retries remembered at once (a finished retry's entry is stale but small)
+_MAX_PENDING = 4096
 
 
 class GiveUps:
@@ -172,21 +176,15 @@ class Engine:
         return not (would_catch(cell.guards, exc, frame, exits)
                     or handled_above(frame, exc, self.target_files))
 
-    def on_resumed(self, cell: Cell, frame: types.FrameType) -> None:
-        pending = self._pending.pop((id(frame), cell), None)
-        if pending is None or pending.frame is not frame:
-            return
-        self.stats["recovered"] += 1
-        emit(CrashResumed(where=pending.where, action="retry", attempt=pending.attempt,
-                          latency_ms=_ms(pending.started)))
-
     # -- one crash -----------------------------------------------------------------
 
-    def _handle(self, exc, cell, lasti, stack, frame) -> int:
+    def _handle(self, exc, cell, lasti, stack, frame) -> int | tuple:
         key = (id(frame), cell)
-        pending = self._pending.get(key)
-        if pending is not None and pending.frame is not frame:
-            pending = None
+        pending = self._pending.pop(key, None)
+        if pending is not None and not _in_retry_copy(cell, frame, lasti):
+            pending = None  # the statement failed anew (a later iteration), not its retry
+        if pending is not None:
+            self.stats["recovered"] -= 1  # that retry did not recover it after all
         attempt = pending.attempt + 1 if pending else 1
         started = pending.started if pending else time.perf_counter()
         crash = Crash(self, exc, cell, frame, lasti, stack, attempt, started)
@@ -207,12 +205,15 @@ class Engine:
                 decision, reason = self._decide(crash)
             return self._conclude(crash, key, decision, reason, final)
         except KeyboardInterrupt:  # Ctrl-C while a fix was awaited: give up, as asked
-            self._pending.pop(key, None)
             self._give_up(crash, "interrupted (Ctrl-C) while waiting for a fix")
             return RAISE_CODE
+        except SystemExit as exit_:  # a rule (or console code) asked the program to exit
+            self._give_up(crash, f"a fix called sys.exit({exit_.code!r})")
+            if exit_.__context__ is None:
+                exit_.__context__ = exc
+            return (exit_,)  # raised where the statement failed: finally blocks run
         except BaseException:
             self._internal("engine", crash)
-            self._pending.pop(key, None)
             self._give_up(crash, "daifu failed while handling the crash (see daifu.internal_error)")
             return RAISE_CODE
         finally:
@@ -276,28 +277,28 @@ class Engine:
         if decision is RELOAD:
             result = getattr(crash, "_reload", None)
             if result is not None and result.continuation is not None:
-                self._pending.pop(key, None)
-                self._tls.continuation = result.continuation
                 self.stats["recovered"] += 1
                 emit(CrashResumed(where=crash.where, action="reload", attempt=crash.attempt,
                                   latency_ms=_ms(crash.started)))
-                return NEW_CODE
+                return tuple(result.continuation)  # (function, args): the frame returns it
             if crash.can_retry:
                 decision = RETRY
             else:
                 decision, reason = None, f"reloaded, but {crash.retry_reason}"
-        if decision is RETRY:
-            self._pending[key] = _Pending(crash.frame, crash.attempt, crash.started, crash.where)
-            if len(self._pending) > 256:  # frames that never came back (bounded)
-                self._pending.pop(next(iter(self._pending)))
-            return RETRY_CODE
-        self._pending.pop(key, None)
         self._record("outcome", crash, (decision.value if decision else "no-fix"), reason)
-        if decision is SKIP or decision is CONTINUE:
+        if decision is RETRY or decision is SKIP or decision is CONTINUE:
+            # counted as recovered now; a retry that fails again takes it back
             self.stats["recovered"] += 1
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
-            return SKIP_CODE if decision is SKIP else CONTINUE_CODE
+            if decision is SKIP:
+                return SKIP_CODE
+            if decision is CONTINUE:
+                return CONTINUE_CODE
+            self._pending[key] = _Pending(crash.attempt, crash.started)
+            while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
+                self._pending.pop(next(iter(self._pending)))
+            return RETRY_CODE
         passable = decision is None and not final and (self.rules or self.waiters)
         if passable and _vaccinated_caller(crash.frame):
             # nobody fixed it here: a vaccinated caller gets its turn (a rule may
@@ -396,13 +397,6 @@ class Engine:
         self._record("patch", crash, patch)
         return result
 
-    def take_continuation(self) -> tuple:
-        cont = getattr(self._tls, "continuation", None)
-        self._tls.continuation = None
-        if cont is None:  # cannot happen; fail loudly rather than silently
-            return _raise_missing, ()
-        return cont
-
     @staticmethod
     def _check_decision(decision: Decision, crash: Crash | None) -> Decision:
         if crash is None:
@@ -447,8 +441,13 @@ class Engine:
         self.replay = None
 
 
-def _raise_missing():
-    raise RuntimeError("daifu: internal error: no continuation was prepared")
+def _in_retry_copy(cell: Cell, frame: types.FrameType, lasti: int) -> bool:
+    """Did the failing instruction belong to the cell's retry copy?"""
+    back, _ = backend()
+    if back is None:
+        return False
+    found = cell_range(cell.info, frame.f_code, back.lasti_offset(lasti))
+    return found is not None and found[2] is cell and found[3]
 
 
 def _vaccinated_caller(frame: types.FrameType) -> bool:

@@ -451,32 +451,17 @@ def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
 
 def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
     """The cell whose instructions include byte ``offset`` of rewritten ``code``."""
+    found = cell_range(info, code, offset)
+    return found[2] if found is not None else None
+
+
+def cell_range(info: CodeInfo, code: types.CodeType, offset: int
+               ) -> tuple[int, int, Cell, bool] | None:
+    """(start, stop, cell, in its retry copy) of the range holding ``offset``."""
     if info.ranges is None:
-        info.ranges = _ranges(code)
-    for start, stop, cell in info.ranges:
-        if start <= offset < stop:
-            return cell
+        back, _ = backend()
+        info.ranges = back.cell_ranges(code) if back is not None else []
+    for found in info.ranges:
+        if found[0] <= offset < found[1]:
+            return found
     return None
-
-
-_LOAD_CONST = dis.opmap["LOAD_CONST"]
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-
-
-def _ranges(code: types.CodeType) -> list[tuple[int, int, Cell]]:
-    """(start, stop, cell) for every exception-table entry that leads to a
-    stub: the stub loads its Cell within its first instructions."""
-    raw, consts = code.co_code, code.co_consts
-    out = []
-    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable in 3.11
-        offset, ext = entry.target, 0
-        for _ in range(12):
-            if offset + 1 >= len(raw):
-                break
-            op, arg = raw[offset], raw[offset + 1] | ext
-            ext = arg << 8 if op == _EXTENDED_ARG else 0
-            if op == _LOAD_CONST and arg < len(consts) and type(consts[arg]) is Cell:
-                out.append((entry.start, entry.end, consts[arg]))
-                break
-            offset += 2 * (1 + dis._inline_cache_entries[op])  # noqa: SLF001
-    return out

@@ -208,17 +208,21 @@ def done_before(crash: Crash) -> list[str]:
 
 def _done_before(code: types.CodeType, lasti: int) -> list[str]:
     from ..cells._cell import cells_of
-    from ._guards import cell_at
+    from ._guards import cell_range
 
     info = cells_of(code)
     if info is None:
         return []
-    offset = lasti * 2
-    cell = cell_at(info, code, offset)
-    if cell is None:
+    from ..cells._dispatch import backend
+
+    back, _ = backend()
+    if back is None:
         return []
-    # the range of the run (original or retry copy) that contains lasti
-    start = next(s for s, e, c in info.ranges if c is cell and s <= offset < e)
+    offset = back.lasti_offset(lasti)
+    found = cell_range(info, code, offset)
+    if found is None:
+        return []
+    start = found[0]  # of the run (original or retry copy) that contains lasti
     effects = []
     for ins in dis.get_instructions(code):
         if ins.offset < start or ins.offset >= offset:
