@@ -162,3 +162,132 @@ def test_rules_in_the_script_itself(tmp_path):
     proc = daifu(["--log", "log.jsonl", "s.py"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[1, 0, 1]"
+
+
+HANDLED_AFTER_GIVE_UP = '''
+import library
+
+def step(d):
+    for _ in range(1):
+        return 10 // d
+
+print(library.loop(step))
+'''
+
+LIBRARY = '''
+def loop(step):  # not vaccinated: daifu does not look into it, it catches
+    caught = 0
+    for d in (0, 0, 0):
+        try:
+            step(d)
+        except ZeroDivisionError:
+            caught += 1
+    return caught
+'''
+
+
+def test_exceptions_the_program_handled_are_not_crashes_in_the_summary(tmp_path):
+    # a passing pytest run under daifu reported "64 gave_up"; and when nothing
+    # was recovered, a JSON summary followed the program's own traceback
+    (tmp_path / "handled.py").write_text(HANDLED_AFTER_GIVE_UP)
+    (tmp_path / "library.py").write_text(LIBRARY)
+    log = tmp_path / "log.jsonl"
+    proc = daifu(["--log", str(log), "handled.py"], cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "3", proc.stderr
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e for e in events if e["event"] == "crash.gave_up"]  # daifu did see them
+    assert not [e for e in events if e["event"] == "daifu.summary"]
+    (tmp_path / "dies.py").write_text("def f(d):\n    for _ in range(1):\n        return 1 // d\n"
+                                      "f(0)\n")
+    proc = daifu(["dies.py"], cwd=tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert last == "ZeroDivisionError: integer division or modulo by zero", proc.stderr
+
+
+PROGRAM_WITH_STRUCTLOG = '''
+import sys
+import structlog
+
+if not structlog.is_configured():  # the program's own logging, its own way
+    structlog.configure(processors=[structlog.processors.KeyValueRenderer()],
+                        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout))
+log = structlog.get_logger()
+log.info("program.started")
+
+def train(d):
+    for _ in range(1):
+        x = 10 // d
+    return x
+
+import daifu
+
+@daifu.on(ZeroDivisionError)
+def fix(crash):
+    crash.vars["d"] = 5
+    return daifu.RETRY
+
+log.info("program.result", value=train(0))
+'''
+
+
+def test_daifu_never_configures_or_uses_the_programs_structlog(tmp_path):
+    # daifu configured the global structlog: a program that configures it took
+    # over daifu's events (--log stayed empty), and `if not is_configured()`
+    # sent the program's own logs into daifu's file
+    (tmp_path / "prog.py").write_text(PROGRAM_WITH_STRUCTLOG)
+    log = tmp_path / "daifu.jsonl"
+    proc = daifu(["--log", str(log), "prog.py"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "event='program.started'" in proc.stdout and "value=2" in proc.stdout
+    assert "crash" not in proc.stdout  # daifu's events are not the program's
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {"crash.intercepted", "crash.resumed"} <= {e["event"] for e in events}
+    assert not [e for e in events if e["event"].startswith("program.")]
+
+
+LEAN = '''
+import sys
+heavy = {"asyncio", "ssl", "socket", "structlog", "uuid", "json", "multiprocessing", "cmd"}
+print(sorted(heavy & set(sys.modules)))
+
+def f(d):
+    for _ in range(1):
+        return 1 // d
+
+try:
+    f(0)
+except ZeroDivisionError:
+    pass
+print(sorted(heavy & set(sys.modules)))
+'''
+
+
+def test_start_up_is_lean_and_nothing_is_imported_while_the_program_runs(tmp_path):
+    # the runner imported ~146 modules (asyncio, ssl, socket, ...) before the
+    # program; and hasattr(structlog, "__warningregistry__") imported
+    # importlib.metadata while CPython's regrtest iterated sys.modules
+    (tmp_path / "lean.py").write_text(LEAN)
+    proc = daifu(["lean.py"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "[]"]  # an exception the program handles
+    check = ("import sys, daifu.engine._events as ev; ev.emit(ev.InternalError("
+             "where='x', error='e', traceback='')); import structlog; before = set(sys.modules);"
+             " hasattr(structlog, '__warningregistry__'); print(sorted(set(sys.modules) - before))")
+    res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_a_module_imported_before_daifu_is_vaccinated_in_place(tmp_path):
+    # DAIFU_MODULES naming a module that was already imported (by the
+    # interpreter's start-up, by daifu) silently vaccinated nothing
+    (tmp_path / "uses_shlex.py").write_text(
+        "import shlex, sys\n"
+        "from daifu.cells import cells_of\n"
+        "print(cells_of(shlex.shlex.read_token.__code__) is not None)\n")
+    pre = "import shlex; import runpy; runpy.run_module('daifu', run_name='__main__')"
+    res = subprocess.run([sys.executable, "-c", pre, "uses_shlex.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "DAIFU_MODULES": "shlex"})
+    assert res.stdout.strip() == "True", res.stderr

@@ -8,6 +8,7 @@ from ._transform import (
     Selection,
     options,
     vaccinate_function,
+    vaccinate_loaded,
     vaccinate_module,
     vaccinate_source,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "is_vaccinated",
     "options",
     "vaccinate_function",
+    "vaccinate_loaded",
     "vaccinate_module",
     "vaccinate_source",
 ]

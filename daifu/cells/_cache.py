@@ -39,11 +39,9 @@ import os
 import pickle
 import stat
 import sys
-import tempfile
 import time
 import types
 import warnings
-from pathlib import Path
 
 from .._errors import DaifuWarning
 from .._private import check_private
@@ -78,10 +76,15 @@ def fingerprint() -> bytes:
         h.update(__version__.encode())
         h.update(sys.version.encode())
         h.update(getattr(bytecode, "__version__", "?").encode())
-        root = Path(__file__).resolve().parents[1]
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+        root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+        sources = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            sources += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+        for path in sorted(sources):
+            h.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as fh:
+                h.update(fh.read())
         _fingerprint = h.digest()
     return _fingerprint
 
@@ -208,7 +211,9 @@ class CodeCache:
             return False
         path = self._path(filename, module, selection)
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            tmp = os.path.join(self.directory, f".tmp-{os.getpid()}-{os.urandom(8).hex()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(buf.getvalue())

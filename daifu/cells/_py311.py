@@ -65,6 +65,11 @@ class Unsupported(Exception):
     """This code object cannot be rewritten; the message says why."""
 
 
+class NothingToProtect(Unsupported):
+    """The code has no statement of its own (``def f(): pass``): nothing in it
+    can fail, so there is nothing to rewrite (and nothing to warn about)."""
+
+
 # The exception-handling machinery: never part of a cell.
 _MACHINERY = frozenset(
     {
@@ -865,6 +870,8 @@ def rewrite(
     _drop_implicit_returns(ops, stmts)
     runs = _build_runs(ops, label_at, stmts)
     if not runs:
+        if all(stmt is None for stmt in stmts):
+            raise NothingToProtect("no statements")
         raise Unsupported("no statement could be made recoverable")
 
     label_of: dict[int, Label] = {}

@@ -159,6 +159,8 @@ def vaccinate_module(
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
                 new = back.rewrite(co, info, msrc, scope, hooks, children)
+            except back.NothingToProtect:
+                pass  # no statement of its own (``def f(): pass``): nothing can fail
             except back.Unsupported as exc:
                 _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno)
             else:
@@ -237,6 +239,8 @@ def vaccinate_function(fn: Callable) -> bool:
                     getattr(fn, "__module__", None), original=code)
     try:
         new = back.rewrite(code, info, msrc, scope, hooks)
+    except back.NothingToProtect:
+        return False  # no statement of its own: nothing can fail, nothing to say
     except back.Unsupported as exc:
         _not_vaccinated(report, code.co_qualname, str(exc), code.co_firstlineno)
         return False
@@ -253,6 +257,42 @@ def vaccinate_function(fn: Callable) -> bool:
             known.selection, entries=known.selection.entries + (code.co_qualname,))
         _registry.record(known.filename, known.module, selection, known.source, known._msrc)
     return True
+
+
+def vaccinate_loaded(module: types.ModuleType, selection: Selection) -> Report | None:
+    """Vaccinate a module that is already imported, in place: every function
+    object whose code came from its source gets the vaccinated code (module
+    attributes, methods, closures, objects holding them: all see it from the
+    next call).  None if the module is not a plain source module.
+
+    A function whose running code is not what the file compiles to now (the
+    file changed since the import) keeps its code."""
+    import gc
+    from importlib.machinery import SourceFileLoader
+
+    spec = getattr(module, "__spec__", None)
+    path = getattr(module, "__file__", None)
+    if spec is None or type(spec.loader) is not SourceFileLoader or not path \
+            or not path.endswith(".py"):
+        return None
+    with open(path, "rb") as fh:
+        data = fh.read()
+    live, report = vaccinate_source(data, path, selection, module=module.__name__)
+    from importlib.util import decode_source
+
+    plain = compile(decode_source(data), path, "exec", dont_inherit=True)
+    swap = {(p.co_qualname, p.co_firstlineno): (p, v)
+            for p, v in code_pairs(plain, live) if v is not p}
+    if not swap:
+        return report
+    for obj in gc.get_objects():
+        if type(obj) is not types.FunctionType or obj.__code__.co_filename != path:
+            continue
+        code = obj.__code__
+        pair = swap.get((code.co_qualname, code.co_firstlineno))
+        if pair is not None and code == pair[0] and code.co_freevars == pair[1].co_freevars:
+            obj.__code__ = pair[1]
+    return report
 
 
 def code_pairs(plain: types.CodeType, live: types.CodeType

@@ -108,6 +108,9 @@ class Request:
     text: str
     origin: str
     done: threading.Event = field(default_factory=threading.Event)
+    #: set once the reply was written to the client (the job may exit right
+    #: after resuming: the client must still hear that it resumed)
+    sent: threading.Event = field(default_factory=threading.Event)
     reply: dict[str, Any] = field(default_factory=dict)
 
 
@@ -200,7 +203,10 @@ class ControlServer:
                         if self._closed.is_set():
                             request.reply = {"ok": False, "error": "the crash stopped waiting"}
                             break
-                    _send(conn, request.reply)
+                    try:
+                        _send(conn, request.reply)
+                    finally:
+                        request.sent.set()
                     if op == "send" or request.reply.get("resumed"):
                         return
             except (OSError, ValueError):

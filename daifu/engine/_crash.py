@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,12 @@ class Crash(Capabilities):
 
     def __init__(self, engine: Engine, exc: BaseException, cell: Cell, frame: types.FrameType,
                  lasti: int, stack: tuple, attempt: int, started: float):
+        from ._queue import PatchQueue
+
         self._engine = engine
+        #: patches for this crash (rules, console, attach, replay put them here;
+        #: the engine applies them in order while the frame waits)
+        self.patches = PatchQueue()
         self._frame: types.FrameType | None = frame
         self.exception = exc
         self.cell = cell
@@ -114,6 +120,15 @@ def exception_text(exc: BaseException | None, limit: int = 500, with_type: bool 
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__qualname__}: {text}" if with_type else text
+
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def is_plumbing(filename: str) -> bool:
+    """A frame of daifu's own code or of runpy (hidden from the user's tracebacks)."""
+    return (filename.startswith(_PKG + os.sep) or filename.endswith(os.sep + "runpy.py")
+            or filename.startswith("<frozen runpy"))
 
 
 def _position(code: types.CodeType, lasti: int) -> tuple | None:

@@ -54,10 +54,12 @@ from ._events import (
     emit,
 )
 from ._guards import cell_range, handled_above, would_catch
-from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
+from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 from ._rules import RuleBook
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
+#: what a waiter answers when the human passed the crash on to a vaccinated caller
+PASSED_ON = "passed on to a vaccinated caller"
 
 
 @dataclass
@@ -74,8 +76,9 @@ class _Pending:
 _MAX_PENDING = 4096
 
 
-class GiveUps:
-    """The exceptions daifu gave up on, remembered without owning them.
+class ExceptionMemo:
+    """Exceptions daifu decided something about (gave up on, waited for a
+    human on), remembered without owning them.
 
     A given-up exception goes on up the stack, through the barriers of other
     vaccinated frames, which must leave it alone.  Keeping the exception
@@ -91,27 +94,30 @@ class GiveUps:
     is taken as new; the stale record is dropped then."""
 
     def __init__(self, limit: int = 65536) -> None:
-        #: id(exc) -> (id of its traceback entry, id of the frame, lasti) at the give-up
+        #: id(exc) -> (id of its traceback entry, id of the frame, lasti) at the decision
         self._ids: collections.OrderedDict[int, tuple[int, int, int]] = \
             collections.OrderedDict()
         self._limit = limit  # small tuples of ints: far more than can be in flight
+        self._lock = threading.Lock()
 
     def add(self, exc: BaseException, frame: types.FrameType) -> None:
         tb = exc.__traceback__
-        self._ids[id(exc)] = (id(tb), id(frame), tb.tb_lasti if tb is not None else -1)
-        self._ids.move_to_end(id(exc))
-        while len(self._ids) > self._limit:
-            self._ids.popitem(last=False)
+        with self._lock:
+            self._ids[id(exc)] = (id(tb), id(frame), tb.tb_lasti if tb is not None else -1)
+            self._ids.move_to_end(id(exc))
+            while len(self._ids) > self._limit:
+                self._ids.popitem(last=False)
 
     def seen(self, exc: BaseException, frame: types.FrameType) -> bool:
-        """Was ``exc`` given up on, on its way to ``frame``'s barrier?"""
+        """Was ``exc`` remembered, on its way to ``frame``'s barrier?"""
         mark = self._ids.get(id(exc))
         if mark is None:
             return False
         tb_id, frame_id, lasti = mark
         tb = exc.__traceback__
         if id(tb) == tb_id and id(frame) == frame_id:
-            del self._ids[id(exc)]  # a new exception raised here at recycled addresses
+            with self._lock:  # a new exception raised here at recycled addresses
+                self._ids.pop(id(exc), None)
             return False
         while tb is not None:
             if id(tb) == tb_id:
@@ -119,18 +125,28 @@ class GiveUps:
             tb = tb.tb_next
         return False
 
+    def holds(self, exc: BaseException) -> bool:
+        """Is ``exc`` (still propagating, its traceback chain intact) remembered?"""
+        mark = self._ids.get(id(exc))
+        tb = exc.__traceback__
+        while mark is not None and tb is not None:
+            if id(tb) == mark[0]:
+                return id(tb.tb_frame) == mark[1] and tb.tb_lasti == mark[2]
+            tb = tb.tb_next
+        return False
+
     def __len__(self) -> int:
         return len(self._ids)
 
     def clear(self) -> None:
-        self._ids.clear()
+        with self._lock:
+            self._ids.clear()
 
 
 class Engine:
     """One per process (``ENGINE``)."""
 
     def __init__(self) -> None:
-        self.queue = PatchQueue()
         self.rules = RuleBook()
         self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
         #: files whose frames are examined for handlers that would catch a crash
@@ -144,31 +160,39 @@ class Engine:
         self.journal: Any = None
         #: a journal being replayed (``_journal.Replay``), consulted before the rules
         self.replay: Any = None
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # for the counters and the retry table
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
-        self.gave_up = GiveUps()
+        self.gave_up = ExceptionMemo()
 
     # -- called from the stubs ---------------------------------------------------
 
     def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
-                     frame: types.FrameType) -> int:
-        if not self._is_crash(exc, cell, stack, frame):
-            if self._pending:  # a retry that raised again and is not a crash: it is over
-                self._pending.pop((id(frame), cell), None)
+                     frame: types.FrameType) -> int | tuple:
+        tls = self._tls
+        if getattr(tls, "busy", False):
+            # raised inside daifu's own handling (a rule, the console, a library
+            # daifu uses that the program vaccinated): never a crash
             return RAISE_CODE
-        with self._lock:
-            self._tls.busy = True
-            try:
-                return self._handle(exc, cell, lasti, stack, frame)
-            finally:
-                self._tls.busy = False
+        tls.busy = True
+        try:
+            if not self._is_crash(exc, cell, stack, frame):
+                if self._pending:  # a retry that raised again and is not a crash: it is over
+                    with self._lock:
+                        self._pending.pop((id(frame), cell), None)
+                return RAISE_CODE
+            # no lock is held while rules or a human work: a crash in another
+            # thread is handled at the same time (rules a thread waits on must
+            # not deadlock); the waiters serialise the humans themselves
+            return self._handle(exc, cell, lasti, stack, frame)
+        finally:
+            tls.busy = False
 
     def _is_crash(self, exc: BaseException, cell: Cell, stack: tuple,
                   frame: types.FrameType) -> bool:
         if not isinstance(exc, Exception) or isinstance(exc, _NOT_CRASHES):
             return False
-        if getattr(self._tls, "busy", False) or self.gave_up.seen(exc, frame):
+        if self.gave_up.seen(exc, frame):
             return False
         if not (cell.can_retry or cell.can_skip or cell.can_continue):
             return False  # nothing to do here: let the next vaccinated caller try
@@ -176,19 +200,36 @@ class Engine:
         return not (would_catch(cell.guards, exc, frame, exits)
                     or handled_above(frame, exc, self.target_files))
 
+    def summary(self, fatal: BaseException | None = None):
+        """The run's ``RunSummary`` (``fatal``: the exception the program dies
+        of), or None when there was no crash to speak of."""
+        from ._events import RunSummary
+
+        died = int(fatal is not None and self.gave_up.holds(fatal))
+        recovered = max(self.stats["recovered"], 0)
+        if not recovered and not died:
+            return None
+        return RunSummary(crashes=recovered + died, recovered=recovered, gave_up=died,
+                          handled_by_program=max(self.stats["gave_up"] - died, 0))
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.stats[name] += n
+
     # -- one crash -----------------------------------------------------------------
 
     def _handle(self, exc, cell, lasti, stack, frame) -> int | tuple:
         key = (id(frame), cell)
-        pending = self._pending.pop(key, None)
+        with self._lock:
+            pending = self._pending.pop(key, None)
         if pending is not None and not _in_retry_copy(cell, frame, lasti):
             pending = None  # the statement failed anew (a later iteration), not its retry
         if pending is not None:
-            self.stats["recovered"] -= 1  # that retry did not recover it after all
+            self._count("recovered", -1)  # that retry did not recover it after all
         attempt = pending.attempt + 1 if pending else 1
         started = pending.started if pending else time.perf_counter()
         crash = Crash(self, exc, cell, frame, lasti, stack, attempt, started)
-        self.stats["crashes"] += 1
+        self._count("crashes", 1)
         self._tls.crash = crash
         try:
             emit(CrashIntercepted(
@@ -253,7 +294,7 @@ class Engine:
                                    reason=f"a rule returns daifu.RETRY, daifu.SKIP, daifu.ABORT "
                                           f"or None, not {verdict!r}"))
                 continue
-            self.queue.put(DecisionPatch(verdict, origin=rule.origin))
+            crash.patches.put(DecisionPatch(verdict, origin=rule.origin))
             decision = self._drain(crash)
             if decision is not None:
                 return decision, rule.origin
@@ -266,6 +307,10 @@ class Engine:
             decision = self._drain(crash)
             if decision is not None:
                 return decision, "interactive"
+        if waited and waited != PASSED_ON:
+            # a human was asked and did not fix it (the wait expired, ...): that is
+            # final -- callers' barriers must not wait again for the same exception
+            crash._final = True  # type: ignore[attr-defined]
         if waited:
             return None, waited
         if not len(self.rules) and not self.waiters:
@@ -277,7 +322,7 @@ class Engine:
         if decision is RELOAD:
             result = getattr(crash, "_reload", None)
             if result is not None and result.continuation is not None:
-                self.stats["recovered"] += 1
+                self._count("recovered", 1)
                 emit(CrashResumed(where=crash.where, action="reload", attempt=crash.attempt,
                                   latency_ms=_ms(crash.started)))
                 return tuple(result.continuation)  # (function, args): the frame returns it
@@ -288,22 +333,24 @@ class Engine:
         self._record("outcome", crash, (decision.value if decision else "no-fix"), reason)
         if decision is RETRY or decision is SKIP or decision is CONTINUE:
             # counted as recovered now; a retry that fails again takes it back
-            self.stats["recovered"] += 1
+            self._count("recovered", 1)
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
             if decision is SKIP:
                 return SKIP_CODE
             if decision is CONTINUE:
                 return CONTINUE_CODE
-            self._pending[key] = _Pending(crash.attempt, crash.started)
-            while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
-                self._pending.pop(next(iter(self._pending)))
+            with self._lock:
+                self._pending[key] = _Pending(crash.attempt, crash.started)
+                while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
+                    self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE
+        final = final or getattr(crash, "_final", False)
         passable = decision is None and not final and (self.rules or self.waiters)
         if passable and _vaccinated_caller(crash.frame):
             # nobody fixed it here: a vaccinated caller gets its turn (a rule may
             # target it); an explicit ABORT, by contrast, is final
-            self.stats["passed"] += 1
+            self._count("passed", 1)
             emit(CrashPassed(where=crash.where, exc_type=type(crash.exception).__qualname__,
                              reason=reason))
             return RAISE_CODE
@@ -313,7 +360,7 @@ class Engine:
     def _give_up(self, crash: Crash, reason: str) -> None:
         exc = crash.exception
         self.gave_up.add(exc, crash.frame)
-        self.stats["gave_up"] += 1
+        self._count("gave_up", 1)
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
                          attempt=crash.attempt))
 
@@ -330,10 +377,10 @@ class Engine:
             # not inside a crash: apply directly (a replace in a fixes file, say)
             self._apply(patch, None)
             return
-        self.queue.put(patch)
+        current.patches.put(patch)
         failure: PatchError | None = None
         decision = None
-        while (item := self.queue.get_nowait()) is not None:
+        while (item := current.patches.get_nowait()) is not None:
             try:
                 result = self._apply(item, current)
             except PatchError as err:
@@ -352,7 +399,7 @@ class Engine:
         if decided is not None:
             crash._decision = None  # type: ignore[attr-defined]
             return decided
-        while (patch := self.queue.get_nowait()) is not None:
+        while (patch := crash.patches.get_nowait()) is not None:
             try:
                 result = self._apply(patch, crash)
             except PatchError:
@@ -432,7 +479,6 @@ class Engine:
     def reset(self) -> None:
         """Forget rules, queued patches and state (tests)."""
         self.rules.clear()
-        self.queue.clear()
         self._pending.clear()
         self.gave_up.clear()
         self.waiters.clear()

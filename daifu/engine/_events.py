@@ -145,16 +145,22 @@ class ModuleVaccinated(Event):
     skipped: list[str]
     #: loaded from the code cache instead of rewritten
     cached: bool = False
+    #: the module was imported before daifu's hook; its functions were swapped in place
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
 class RunSummary(Event):
-    """At exit (runner only), when at least one crash was intercepted."""
+    """At exit (runner only), when the run had a crash: one daifu recovered,
+    or the one the program died of.  Exceptions daifu gave up on that the
+    program then handled itself are not crashes (``handled_by_program``);
+    emitted before the program's own traceback, which stays the last line."""
 
     event: ClassVar[str] = "daifu.summary"
     crashes: int
     recovered: int
     gave_up: int
+    handled_by_program: int = 0
 
 
 @dataclass(frozen=True)

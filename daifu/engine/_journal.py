@@ -13,8 +13,6 @@ reload recorded against other source, is skipped with a warning.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
@@ -51,6 +49,8 @@ def crash_key(crash: Crash) -> dict[str, str]:
 
 
 def _sha(text: str) -> str:
+    import hashlib  # (the journal's modules are imported at the first crash, not at start-up)
+
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -72,6 +72,8 @@ class Journal:
         self._next = 1
 
     def _write(self, record: dict) -> None:
+        import json  # (the journal's modules are imported at the first crash, not at start-up)
+
         record.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         line = (json.dumps(record, default=repr) + "\n").encode()
         with self._lock:
@@ -148,6 +150,8 @@ class Replay:
     """Patch source that re-applies a journal's patches to matching crashes."""
 
     def __init__(self, path: str):
+        import json
+
         self.path = path
         self.crashes: list[_Recorded] = []
         by_number: dict[int, _Recorded] = {}
@@ -179,7 +183,7 @@ class Replay:
             for record in rec.patches:
                 patch = self._patch(record, crash)
                 if patch is not None:
-                    engine.queue.put(patch)
+                    crash.patches.put(patch)
             return True
         for rec in self.crashes:
             near = {k: v for k, v in rec.key.items() if k != "statement"}

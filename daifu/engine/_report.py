@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import dis
 import linecache
-import os
 import reprlib
-import runpy
 import traceback
 import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._crash import exception_text
+from ._crash import exception_text, is_plumbing
 
 if TYPE_CHECKING:
     from ._crash import Crash
 
-_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MUTATING_METHODS = frozenset({
     "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
     "discard", "popitem", "sort", "reverse", "write", "writelines", "save", "step", "backward",
@@ -100,12 +97,6 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
     frames = traceback.extract_stack(frame.f_back) if frame is not None else []
     frames += traceback.extract_tb(exc.__traceback__)
     return traceback.format_list([f for f in frames if not is_plumbing(f.filename)])
-
-
-def is_plumbing(filename: str) -> bool:
-    """A frame of daifu's own code or of runpy (hidden from the user's tracebacks)."""
-    return (filename.startswith(_PKG + os.sep) or filename == runpy.__file__
-            or filename.startswith("<frozen runpy"))
 
 
 def options(crash: Crash) -> list[str]:

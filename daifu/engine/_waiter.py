@@ -9,24 +9,25 @@ it gives up exactly as without daifu.  SIGTERM while waiting gives up too.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from ._console import PASS, run_line, run_local
-from ._control import ControlServer, EndpointError
 from ._crash import exception_text
 from ._decision import ABORT, Decision
+from ._engine import PASSED_ON
 from ._events import CrashReport, CrashWaiting, InternalError, emit
 from ._queue import DecisionPatch
-from ._report import build as build_report
 
 if TYPE_CHECKING:
+    from ._control import ControlServer
     from ._crash import Crash
     from ._engine import Engine
+
+# The report, console and control endpoint (cmd, socket, json, ...) are
+# imported when a crash first waits for a human, not at start-up.
 
 
 class _Terminated(BaseException):
@@ -39,8 +40,20 @@ class Waiter:
     def __init__(self, console: bool, wait: float | None):
         self.console = console
         self.wait_s = wait  # None: forever; 0: do not wait without a console
+        # one human at a time: a crash in another thread waits its turn (no
+        # engine-wide lock is held, so rules in other threads go on meanwhile)
+        self._lock = threading.Lock()
 
     def wait(self, crash: Crash, engine: Engine) -> str | None:
+        if not self.console and self.wait_s == 0:
+            return None
+        with self._lock:
+            return self._wait(crash, engine)
+
+    def _wait(self, crash: Crash, engine: Engine) -> str | None:
+        from ._console import PASS, run_local
+        from ._report import build as build_report
+
         report = build_report(crash)
         emit(CrashReport(where=report.where, title=report.title, statement=report.statement,
                          traceback="".join(report.traceback), variables=report.variables,
@@ -56,9 +69,7 @@ class Waiter:
             finally:
                 if server is not None:
                     server.stop()
-            return "passed on by the console" if console.decision is PASS else None
-        if not self.wait_s:
-            return None
+            return PASSED_ON if console.decision is PASS else None
         server = self._open(status, report.render(), local=False)
         if server is None:
             return "the control endpoint could not be opened (see daifu.internal_error)"
@@ -73,13 +84,17 @@ class Waiter:
         try:
             return self._serve(crash, engine, server)
         except _Terminated:
-            engine.queue.put(DecisionPatch(ABORT, origin="sigterm"))
+            crash.patches.put(DecisionPatch(ABORT, origin="sigterm"))
             return "SIGTERM while waiting"
         finally:
             server.stop()
             self._restore_sigterm(previous)
 
     def _serve(self, crash: Crash, engine: Engine, server: ControlServer) -> str | None:
+        import queue
+
+        from ._console import PASS, run_line
+
         deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
         while True:
             timeout = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
@@ -96,14 +111,17 @@ class Waiter:
                          "decision": "pass" if decision is PASS else (
                              decision.value if isinstance(decision, Decision) else None)}
             req.done.set()
+            req.sent.wait(5.0)  # the client hears the answer before the job goes on
             if decision is PASS:
-                return "passed on by an attached client"
+                return PASSED_ON
             if decision is not None:
                 return None
             if deadline is not None:  # the wait bounds idleness, not a working session
                 deadline = time.monotonic() + self.wait_s
 
     def _open(self, status, report, local: bool) -> ControlServer | None:
+        from ._control import ControlServer, EndpointError
+
         server = ControlServer(status, report, console_is_local=local)
         try:
             server.start()

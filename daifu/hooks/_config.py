@@ -40,9 +40,13 @@ def parse_wait(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"--wait/DAIFU_WAIT must be seconds or 'inf', not {text!r}") from None
-    if value < 0:
-        raise ConfigError(f"--wait/DAIFU_WAIT must not be negative ({text!r})")
+        raise ConfigError(f"--wait/DAIFU_WAIT must be a number of seconds >= 0 or 'inf', "
+                          f"not {text!r}") from None
+    if value != value or value < 0:  # NaN, negative
+        raise ConfigError(f"--wait/DAIFU_WAIT must be a number of seconds >= 0 or 'inf', "
+                          f"not {text!r}")
+    if value == float("inf"):
+        return None
     return value
 
 

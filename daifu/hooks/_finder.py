@@ -18,20 +18,46 @@ from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import CodeType
 
 from .._errors import NotVaccinatedWarning, TransformError
-from ..cells import Selection, options, vaccinate_source
+from ..cells import Selection, options, vaccinate_loaded, vaccinate_source
 from ..engine._events import ModuleVaccinated, emit
 from ._patterns import ModuleMatcher
+
+_SPAWN = "multiprocessing.spawn"
+
+
+class _ThenPatch:
+    """A module's own loader, followed by a patch of the loaded module
+    (how spawn's command line is patched without importing multiprocessing
+    before the program does)."""
+
+    def __init__(self, loader, patch):
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._patch()
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
 
 
 class DaifuFinder:
     """Claims source modules whose dotted name matches ``matcher``."""
 
-    def __init__(self, matcher: ModuleMatcher, selection: Selection):
+    def __init__(self, matcher: ModuleMatcher, selection: Selection, on_spawn_import=None):
         self.matcher = matcher
         self.selection = selection
         self._tls = threading.local()
+        #: called once ``multiprocessing.spawn`` is imported (by the program)
+        self.on_spawn_import = on_spawn_import
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        if fullname == _SPAWN and self.on_spawn_import is not None:
+            return self._patched_spawn(fullname, path, target)
         if not self.matcher.matches(fullname) or getattr(self._tls, "busy", False):
             return None
         self._tls.busy = True
@@ -43,6 +69,13 @@ class DaifuFinder:
             return None
         spec.loader = DaifuLoader(fullname, spec.origin, self.selection)
         spec.cached = None
+        return spec
+
+    def _patched_spawn(self, fullname, path, target) -> ModuleSpec | None:
+        patch, self.on_spawn_import = self.on_spawn_import, None
+        spec = self._regular_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenPatch(spec.loader, patch)
         return spec
 
     def _regular_spec(self, fullname, path, target) -> ModuleSpec | None:
@@ -81,6 +114,29 @@ class DaifuLoader(SourceFileLoader):
 
     def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]
         return compile_vaccinated(data, path, self.selection, self.name)
+
+
+def vaccinate_in_place(module, selection: Selection) -> None:
+    """Vaccinate an already imported module (``cells.vaccinate_loaded``) and
+    say so; any failure warns and leaves the module as it was."""
+    try:
+        report = vaccinate_loaded(module, selection)
+    except TransformError:
+        raise
+    except Exception as exc:
+        if options.strict:
+            raise
+        warnings.warn(f"daifu: could not vaccinate the imported module {module.__name__}: "
+                      f"{type(exc).__name__}: {exc}; it runs unmodified",
+                      NotVaccinatedWarning, stacklevel=3)
+        return
+    if report is not None:
+        emit(ModuleVaccinated(
+            module=module.__name__, file=str(report.filename),
+            functions=[c.qualname for c in report.vaccinated],
+            skipped=[f"{q}: {r}" for q, r in report.skipped],
+            cached=report.cached, in_place=True,
+        ))
 
 
 def compile_vaccinated(source: bytes | str, path: str, selection: Selection,

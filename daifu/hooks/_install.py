@@ -39,12 +39,32 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.validate()
     cfg.apply()
     uninstall()
-    _finder = DaifuFinder(cfg.matcher, cfg.selection())
-    sys.meta_path.insert(0, _finder)
     from ._child import patch_spawn
 
-    patch_spawn()
+    # spawned children must activate daifu: patch multiprocessing's command
+    # line now if the program imported it, else when it does (never import
+    # multiprocessing for a program that does not use it)
+    spawn_loaded = "multiprocessing.spawn" in sys.modules
+    _finder = DaifuFinder(cfg.matcher, cfg.selection(),
+                          on_spawn_import=None if spawn_loaded else patch_spawn)
+    sys.meta_path.insert(0, _finder)
+    if spawn_loaded:
+        patch_spawn()
+    _vaccinate_imported(cfg)
     return Installation(_finder)
+
+
+def _vaccinate_imported(cfg: Config) -> None:
+    """Modules ``DAIFU_MODULES`` names that were imported before the hook was
+    installed (by the interpreter's start-up, by daifu, by the program before
+    ``daifu.install()``) are vaccinated in place."""
+    if not cfg.matcher:
+        return
+    from ._finder import vaccinate_in_place
+
+    for name, module in list(sys.modules.items()):
+        if module is not None and cfg.matcher.matches(name) and name != "__main__":
+            vaccinate_in_place(module, cfg.selection())
 
 
 def uninstall() -> None:

@@ -24,12 +24,11 @@ import warnings
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
-from ..engine._report import is_plumbing
+from ..engine._crash import is_plumbing
 from . import _logging
 from ._config import Config, parse_wait
 from ._finder import compile_vaccinated
 from ._install import install
-from ._remote import COMMANDS
 
 USAGE = """\
 python -m daifu [options] script.py [args ...]
@@ -64,6 +63,10 @@ examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
   DAIFU_MODULES=mylib python -m daifu -m mylib.train --lr 0.1"""
 
+
+
+#: ``python -m daifu COMMAND``: talk to a job instead of running a program
+COMMANDS = ("ps", "attach", "send")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,14 +134,21 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, lis
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:  # ps / attach / send; `./ps` runs a script called ps
-        raise SystemExit(COMMANDS[argv[0]](argv[1:]))
+        from ._remote import COMMANDS as run
+
+        raise SystemExit(run[argv[0]](argv[1:]))
     options, script, module, args = _split_argv(argv)
-    parser = _parser()
-    if "-m" in options:
-        parser.error("-m needs a module name")
-    ns = parser.parse_args(options)
+    if options:  # (argparse, and what it imports, only when there is something to parse)
+        parser = _parser()
+        if "-m" in options:
+            parser.error("-m needs a module name")
+        ns = parser.parse_args(options)
+    else:
+        ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
+                                log_level=None, strict=False, dump=None, wait=None,
+                                no_console=False, journal=None, replay=None, no_cache=False)
     if script is None and module is None:
-        parser.print_usage(sys.stderr)
+        _parser().print_usage(sys.stderr)
         sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")
         raise SystemExit(2)
     try:
@@ -200,14 +210,23 @@ def main(argv: list[str] | None = None) -> None:
         _run_script(script, args, cfg)
 
 
-def _summary() -> None:
-    from ..engine import ENGINE
-    from ..engine._events import RunSummary, emit
+_summarised = False
 
-    stats = ENGINE.stats
-    if stats["crashes"]:
-        emit(RunSummary(crashes=stats["crashes"], recovered=stats["recovered"],
-                        gave_up=stats["gave_up"]))
+
+def _summary(fatal: BaseException | None = None) -> None:
+    """Say what daifu did, once: before the traceback of an exception the
+    program dies of (so that the program's own last line stays last), or at
+    exit."""
+    global _summarised
+    if _summarised:
+        return
+    _summarised = True
+    from ..engine import ENGINE
+    from ..engine._events import emit
+
+    summary = ENGINE.summary(fatal)
+    if summary is not None:
+        emit(summary)
 
 
 def load_fixes(paths, fatal: bool = False) -> None:
@@ -296,6 +315,10 @@ def _install_excepthook() -> None:
     previous = sys.excepthook
 
     def excepthook(etype, value, tb):
+        try:
+            _summary(value)
+        except Exception:
+            pass
         stripped = strip_traceback(tb)
         if stripped is not tb and value is not None:
             value.__traceback__ = stripped

@@ -1,0 +1,126 @@
+"""Waiting for a human: once per exception, for as long as asked, without
+blocking other threads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import daifu
+
+from .support import run_daifu, vaccinate
+
+NESTED = '''
+def inner(d):
+    for _ in range(1):
+        return 10 // d
+
+def middle(d):
+    for _ in range(1):
+        return inner(d)
+
+def outer(d):
+    for _ in range(1):
+        return middle(d)
+
+outer(0)
+'''
+
+
+def test_wait_is_once_per_exception_not_once_per_vaccinated_frame(tmp_path):
+    # three vaccinated frames on the stack: `--wait 1` waited 3 s and printed
+    # the report three times (under torchrun, --wait 3600 meant hours)
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    started = time.monotonic()
+    proc = run_daifu(["--wait", "1", script], cwd=tmp_path, env={"DAIFU_CONSOLE": "0"})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    assert proc.stderr.count("daifu: waiting up to 1s") == 1, proc.stderr
+    assert proc.stderr.count("crash intercepted") == 1
+    assert elapsed < 2.8, elapsed
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert last == "ZeroDivisionError: integer division or modulo by zero"
+
+
+def _wait_for_socket(proc: subprocess.Popen, timeout: float = 60) -> Path:
+    sock = Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{proc.pid}.sock"
+    deadline = time.monotonic() + timeout
+    while not sock.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job did not wait"
+        time.sleep(0.05)
+    return sock
+
+
+def test_wait_inf_waits_until_told(tmp_path):
+    # `--wait inf` / DAIFU_WAIT=inf gave up at once (the job was lost)
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    for how in (["--wait", "inf"], ["--wait", "forever"]):
+        proc = subprocess.Popen([sys.executable, "-m", "daifu", *how, str(script)], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "DAIFU_CONSOLE": "0"})
+        _wait_for_socket(proc)
+        time.sleep(1.5)
+        assert proc.poll() is None  # still waiting
+        sent = run_daifu(["send", proc.pid, "exec", "d = 5"], cwd=tmp_path)
+        assert sent.returncode == 1, sent.stderr  # applied; still waiting
+        sent = run_daifu(["send", proc.pid, "retry"], cwd=tmp_path)
+        assert sent.returncode == 0, sent.stderr
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+
+
+def test_wait_env_inf_and_bad_values(tmp_path):
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "DAIFU_CONSOLE": "0", "DAIFU_WAIT": "inf"})
+    _wait_for_socket(proc)
+    assert run_daifu(["send", proc.pid, "abort"], cwd=tmp_path).returncode == 1
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    for bad in ("nan", "-1", "soon"):
+        res = run_daifu(["--wait", bad, script], cwd=tmp_path)
+        assert res.returncode == 2
+        assert res.stderr.strip().splitlines() == [
+            f"python -m daifu: error: --wait/DAIFU_WAIT must be a number of seconds >= 0 or "
+            f"'inf', not {bad!r}"]
+
+
+def test_a_crash_in_another_thread_is_handled_while_a_rule_waits_for_it():
+    # the engine held one lock while a rule worked: a rule waiting for a
+    # thread that then crashed deadlocked the job
+    ns = vaccinate('''
+        def work(box, key):
+            for _ in range(1):
+                return box[key]
+    ''')
+    box = {}
+    worker_result = []
+
+    def worker():
+        worker_result.append(ns["work"](box, "w"))
+
+    @daifu.on(KeyError)
+    def fix(crash):
+        key = crash.vars["key"]
+        if key == "main":
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join(timeout=20)  # the worker crashes too, and its own rule must run
+            assert not t.is_alive(), "the worker's crash was blocked by the main thread's"
+            box["main"] = "main fixed"
+        else:
+            box[key] = "worker fixed"
+        return daifu.RETRY
+
+    assert ns["work"](box, "main") == "main fixed"
+    assert worker_result == ["worker fixed"]
