@@ -26,6 +26,28 @@ def engine():
     return ENGINE
 
 
+@pytest.fixture(autouse=True)
+def _no_silent_daifu_errors(request):
+    """A rule that fails (an ``assert`` inside a rule is swallowed and
+    reported as ``rule.failed``) or an internal error of daifu fails the test,
+    unless the test says it expects one (``@pytest.mark.daifu_errors``)."""
+    from daifu.engine import _events
+
+    seen: list = []
+
+    def listen(ev) -> None:
+        if ev.event in ("rule.failed", "daifu.internal_error"):
+            seen.append(ev)
+
+    _events.listeners.append(listen)
+    yield
+    _events.listeners.remove(listen)
+    if seen and request.node.get_closest_marker("daifu_errors") is None:
+        details = "\n".join(f"{ev.event}: {ev.fields().get('error')}\n"
+                            f"{ev.fields().get('traceback', '')}" for ev in seen)
+        pytest.fail(f"the test emitted {len(seen)} daifu error event(s):\n{details}")
+
+
 def pytest_configure(config):
     # journals and control sockets of the jobs the tests start stay out of $HOME
     state = tempfile.mkdtemp(prefix="daifu-test-state-")

@@ -125,6 +125,7 @@ def test_rule_where_filters(m, where, fires):
         assert fired == []
 
 
+@pytest.mark.daifu_errors
 def test_a_rule_that_raises_is_reported_and_the_next_rule_runs(m):
     with capture_logs() as logs:
         @daifu.on(ZeroDivisionError)
@@ -143,6 +144,7 @@ def test_a_rule_that_raises_is_reported_and_the_next_rule_runs(m):
     assert "bug in my fix" in failed[0]["traceback"]
 
 
+@pytest.mark.daifu_errors
 def test_a_fix_that_raises_leaves_state_intact_and_gives_up_cleanly(m):
     xs = [5, 0, 3]
 
@@ -322,6 +324,7 @@ def test_caller_that_logs_and_reraises_does_not_count_as_handling():
     assert log == []
 
 
+@pytest.mark.daifu_errors
 def test_internal_error_falls_back_to_the_original_exception(m, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError("daifu bug")
@@ -336,6 +339,7 @@ def test_internal_error_falls_back_to_the_original_exception(m, monkeypatch):
     assert "daifu.internal_error" in [e["event"] for e in logs]
 
 
+@pytest.mark.daifu_errors
 def test_barrier_failure_falls_back_to_the_original_exception(m, monkeypatch):
     monkeypatch.setattr(ENGINE, "on_exception", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError) as info:

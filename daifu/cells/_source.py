@@ -10,6 +10,7 @@ answers them by position: every 3.11+ instruction carries the
 from __future__ import annotations
 
 import ast
+import bisect
 import linecache
 import types
 from collections.abc import Iterator
@@ -56,26 +57,45 @@ def _contains(span: tuple[int, int, int, int], pos: Position) -> bool:
 
 
 class StatementIndex:
-    """Maps instruction positions to the innermost statement of one scope."""
+    """Maps instruction positions to the innermost statement of one scope.
+
+    Each block's statements are sorted and disjoint, so a lookup bisects on
+    the start position at every nesting level: O(depth x log n), not a scan
+    of the block (a 10,000-statement function vaccinated in minutes)."""
 
     def __init__(self, body: list[ast.stmt]):
         self.body = body
+        self._levels: dict[int, tuple[list, list[ast.stmt]]] = {}
+
+    def _level(self, key: int, stmts: list[ast.stmt]) -> tuple[list, list[ast.stmt]]:
+        level = self._levels.get(key)
+        if level is None:
+            stmts = sorted(stmts, key=lambda st: (st.lineno, st.col_offset))
+            level = ([(st.lineno, st.col_offset) for st in stmts], stmts)
+            self._levels[key] = level
+        return level
 
     def lookup(self, pos: Position) -> ast.stmt | None:
-        block = self.body
+        line, _end_line, col, end_col = pos
+        if line is None:
+            return None
         found: ast.stmt | None = None
-        while True:
-            for stmt in block:
-                if _contains(_span(stmt), pos):
-                    found = stmt
-                    break
+        starts, stmts = self._level(0, self.body)
+        while stmts:
+            if col is None or end_col is None:
+                i = bisect.bisect_right(starts, (line, float("inf"))) - 1
+                while i > 0 and _contains(_span(stmts[i - 1]), pos):
+                    i -= 1  # several statements on the line: the first (as a scan would)
             else:
+                i = bisect.bisect_right(starts, (line, col)) - 1
+            if i < 0 or not _contains(_span(stmts[i]), pos):
                 return found
-            # descend into the nested blocks of the statement just found
-            nested = [s for b in _child_blocks(found) for s in b]
+            found = stmts[i]
+            nested = [st for block in _child_blocks(found) for st in block]
             if not nested:
                 return found
-            block = nested
+            starts, stmts = self._level(id(found), nested)
+        return found
 
 
 def _in_block(stmt: ast.stmt, block: list[ast.stmt]) -> bool:

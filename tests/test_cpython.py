@@ -1,0 +1,38 @@
+"""A soak of CPython's own test suite: each module's tests run with the test
+module itself vaccinated (every function, ``--entry '**'``), under
+``python -m daifu``.  They exercise exceptions, ``with``, ``contextlib``,
+generators, ``match`` and the grammar as CPython's developers test them;
+vaccinated code must behave exactly like the original."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MODULES = ["test_exceptions", "test_with", "test_contextlib", "test_generators",
+           "test_patma", "test_grammar"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODULES)
+def test_cpython_lib_test_passes_vaccinated(name, tmp_path):
+    if importlib.util.find_spec(f"test.{name}") is None:  # pragma: no cover
+        pytest.fail(f"CPython's test.{name} is not installed with this interpreter")
+    env = {**os.environ, "DAIFU_CONSOLE": "0", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "daifu", "--modules", f"test.{name}", "--entry", "**",
+         "--log", str(tmp_path / "events.jsonl"), "--log-level", "debug",
+         "-m", "unittest", f"test.{name}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    tail = proc.stderr[-4000:]
+    assert proc.returncode == 0, tail
+    assert "\nOK" in proc.stderr, tail
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "daifu.internal_error"]
+    mine = [e for e in events if e["event"] == "module.vaccinated" and e["module"] == f"test.{name}"]
+    assert mine and len(mine[0]["functions"]) > 20, "the test module was not vaccinated"
