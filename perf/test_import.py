@@ -113,7 +113,8 @@ def test_transform_time_per_function_and_instruction(tmp_path):
 
 def _long_function(statements: int) -> str:
     body = "\n".join(f"    x{i} = x{i - 1} + {i}" if i else "    x0 = a" for i in range(statements))
-    return f"def big(a):\n    for _ in range(1):\n        pass\n{body}\n    return x{statements - 1}\n"
+    head = "def big(a):\n    for _ in range(1):\n        pass\n"
+    return f"{head}{body}\n    return x{statements - 1}\n"
 
 
 def test_transform_time_is_linear_in_function_size():

@@ -34,5 +34,6 @@ def test_cpython_lib_test_passes_vaccinated(name, tmp_path):
     assert "\nOK" in proc.stderr, tail
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert not [e for e in events if e["event"] == "daifu.internal_error"]
-    mine = [e for e in events if e["event"] == "module.vaccinated" and e["module"] == f"test.{name}"]
+    mine = [e for e in events
+            if e["event"] == "module.vaccinated" and e["module"] == f"test.{name}"]
     assert mine and len(mine[0]["functions"]) > 20, "the test module was not vaccinated"
