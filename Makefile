@@ -33,9 +33,11 @@ bench: setup
 scenarios: setup
 	$(PY) -m tests.scenarios.run --table docs/benchmark.md
 
+## lint: ruff and mypy (what CI runs before the tests)
 lint: setup
-	$(PY) -m pip install --quiet ruff
+	$(PY) -m pip install --quiet ruff mypy
 	$(PY) -m ruff check daifu tests perf examples
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .benchmarks

@@ -87,7 +87,8 @@ class FrameContext(MutableMapping[str, Any]):
             for name in deleted:
                 namespace.pop(name, None)
             return
-        unknown = [n for n in (*values, *deleted) if n not in self._names]
+        names = self._names or frozenset()
+        unknown = [n for n in (*values, *deleted) if n not in names]
         if unknown:
             raise KeyError(
                 f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a variable of "

@@ -8,12 +8,13 @@ caller warns and runs the original code.
 from __future__ import annotations
 
 import sys
-from types import ModuleType
+
+from ._backend import Backend
 
 SUPPORTED = ((3, 11),)
 
 
-def backend(version: tuple[int, int] | None = None) -> tuple[ModuleType | None, str | None]:
+def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str | None]:
     """Return ``(module, None)`` for a supported interpreter, else ``(None, reason)``."""
     ver = version or sys.version_info[:2]
     if ver == (3, 11) and sys.version_info[:2] == (3, 11):

@@ -31,6 +31,7 @@ import ctypes
 import sys
 import types
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from bytecode import Bytecode, Compare, Instr, Label, TryBegin, TryEnd
 from bytecode.instr import CellVar, FreeVar, InstrLocation
@@ -52,12 +53,25 @@ from ._cell import (
 )
 from ._source import ModuleSource
 
+if TYPE_CHECKING:
+    import ast
+
 assert sys.version_info[:2] == (3, 11), "daifu.cells._py311 is for CPython 3.11 only"
 
 PYTHON = (3, 11)
 _CO_OPTIMIZED = 0x1
 _LOAD_CONST = 100  # dis.opmap["LOAD_CONST"]
 _EXTENDED_ARG = 144  # dis.opmap["EXTENDED_ARG"]
+
+
+# ``Instr.arg`` is typed as the union of every opcode's argument type: these
+# only tell the type checker which one an instruction has (no runtime check).
+def _int_arg(instr: Instr) -> int:
+    return cast(int, instr.arg)
+
+
+def _label_arg(instr: Instr) -> Label:
+    return cast(Label, instr.arg)
 
 
 
@@ -145,7 +159,7 @@ class _Op:
 class _Run:
     start: int
     base: int
-    stmt: object
+    stmt: ast.stmt
     entry: EntryKey | None
     stop: int = 0  # exclusive
     cell: Cell | None = None
@@ -298,7 +312,9 @@ def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
 
     raw, consts = code.co_code, code.co_consts
     found: list[tuple[int, int, Cell]] = []
-    for entry in dis._parse_exception_table(code):  # noqa: SLF001 - stable in 3.11
+    # private (not in typeshed's dis stub), stable in 3.11
+    entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
+    for entry in entries:
         offset, ext = entry.target, 0
         while offset + 1 < len(raw) and raw[offset] == _EXTENDED_ARG:
             ext = (ext | raw[offset + 1]) << 8
@@ -395,7 +411,7 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
         if instr.has_jump():
             after = depth + _effect(instr, True)
             peak = max(peak, after, depth + max(0, _effect(instr, True)))
-            flow(label_at[instr.arg], after)
+            flow(label_at[_label_arg(instr)], after)
         if instr.name not in _TERMINAL:
             after = depth + _effect(instr, False)
             peak = max(peak, after)
@@ -407,7 +423,7 @@ def _touch(instr: Instr, depth: int) -> int:
     """Lowest value-stack index the instruction removes or rewrites on its
     fall-through and error paths (reads do not count)."""
     name = instr.name
-    arg = instr.arg
+    arg = _int_arg(instr)  # only read below for opcodes with an int argument
     # bytecode's 3.11 stack model: PRECALL pops the arguments, CALL the
     # callable and self/NULL -- but PRECALL may rewrite those two slots
     if name == "PRECALL":
@@ -474,7 +490,7 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
 
         # A cell must be entered only at its start: split where a jump from
         # outside the cell lands inside it.
-        owner = {}
+        owner: dict[int, _Run] = {}
         for r in runs:
             for i in range(r.start, r.stop):
                 owner[i] = r
@@ -482,9 +498,9 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
         for j, op in enumerate(ops):
             if not op.instr.has_jump():
                 continue
-            t = label_at[op.instr.arg]
-            r = owner.get(t)
-            if r is not None and t != r.start and owner.get(j) is not r:
+            t = label_at[_label_arg(op.instr)]
+            hit = owner.get(t)
+            if hit is not None and t != hit.start and owner.get(j) is not hit:
                 new_forced.add(t)
         if new_forced <= forced:
             return runs
@@ -540,8 +556,9 @@ def _exits(run: _Run, ops: list[_Op], label_at: dict[Label, int]) -> list[tuple[
     for i in range(run.start, run.stop):
         instr = ops[i].instr
         depth = ops[i].depth
+        assert depth is not None  # a run only holds instructions with a known depth
         if instr.has_jump():
-            t = label_at[instr.arg]
+            t = label_at[_label_arg(instr)]
             if t not in run:
                 out.append((i, t, depth + _effect(instr, True)))
         if instr.name not in _TERMINAL and i + 1 not in run:
@@ -601,27 +618,28 @@ def _ref_from_instrs(instrs: list[Instr]) -> Ref | None:
     for ins in instrs:
         name = ins.name
         if name == "LOAD_GLOBAL":
-            push_null, gname = ins.arg
+            push_null, gname = cast("tuple[bool, str]", ins.arg)
             if push_null:
                 return None
             stack.append(Ref(gname, "global"))
         elif name == "LOAD_NAME":
-            stack.append(Ref(ins.arg, "name"))
+            stack.append(Ref(cast(str, ins.arg), "name"))
         elif name == "LOAD_FAST":
-            stack.append(Ref(ins.arg, "fast"))
+            stack.append(Ref(cast(str, ins.arg), "fast"))
         elif name in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
             var = ins.arg
-            stack.append(Ref(var.name if isinstance(var, (CellVar, FreeVar)) else var, "deref"))
+            var_name = var.name if isinstance(var, (CellVar, FreeVar)) else cast(str, var)
+            stack.append(Ref(var_name, "deref"))
         elif name == "LOAD_ATTR" and stack:
             base = stack.pop()
             if base.items is not None or base.is_const:
                 return None
-            stack.append(Ref(base.name, base.scope, base.attrs + (ins.arg,)))
+            stack.append(Ref(base.name, base.scope, base.attrs + (cast(str, ins.arg),)))
         elif name == "LOAD_CONST":
             stack.append(Ref(const=ins.arg, is_const=True))
-        elif name == "BUILD_TUPLE" and len(stack) >= ins.arg:
-            items = tuple(stack[len(stack) - ins.arg :])
-            del stack[len(stack) - ins.arg :]
+        elif name == "BUILD_TUPLE" and len(stack) >= _int_arg(ins):
+            items = tuple(stack[len(stack) - _int_arg(ins) :])
+            del stack[len(stack) - _int_arg(ins) :]
             stack.append(Ref(items=items))
         else:
             return None
@@ -647,7 +665,7 @@ def _ref_from_ast(node, code: types.CodeType) -> Ref | None:
         return Ref(base.name, base.scope, base.attrs + (node.attr,))
     if isinstance(node, ast.Tuple):
         items = tuple(_ref_from_ast(e, code) for e in node.elts)
-        return None if any(i is None for i in items) else Ref(items=items)
+        return None if any(i is None for i in items) else Ref(items=cast("tuple[Ref, ...]", items))
     if isinstance(node, ast.Constant):
         return Ref(const=node.value, is_const=True)
     return None
@@ -667,7 +685,7 @@ def _with_guard(slot: int, stmt, item_index: int, code: types.CodeType) -> WithG
         args = tuple(_ref_from_ast(a, code) for a in expr.args)
         if any(a is None for a in args) or expr.keywords:
             args = ()
-        return WithGuard(slot=slot, context=func, called=True, args=args)
+        return WithGuard(slot=slot, context=func, called=True, args=cast("tuple[Ref, ...]", args))
     return WithGuard(slot=slot, context=_ref_from_ast(expr, code))
 
 
@@ -693,7 +711,8 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
             return WithGuard(slot=depth - 1), False
         n = seen_with.get(id(stmt), 0)
         seen_with[id(stmt)] = n + 1
-        return _with_guard(depth - 1, stmt, len(stmt.items) - 1 - n, code), False
+        items = cast("ast.With | ast.AsyncWith", stmt).items  # WITH_EXCEPT_START: a with
+        return _with_guard(depth - 1, stmt, len(items) - 1 - n, code), False
     clauses: list[Clause] = []
     j = h + 1
     for _ in range(64):
@@ -737,7 +756,7 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
     return OpaqueGuard("too many except clauses"), True
 
 
-def _stmt_at(msrc: ModuleSource | None, code: types.CodeType, pos) -> object | None:
+def _stmt_at(msrc: ModuleSource | None, code: types.CodeType, pos) -> ast.stmt | None:
     if msrc is None or pos[0] is None:
         return None
     scope = msrc.scope_for(code)
@@ -948,8 +967,8 @@ def rewrite(
         for extra in labels_at.get(i, ()):
             if extra is not label_of.get(i):
                 items.append(_Item(label=extra))
-        run = owner.get(i)
-        key = (run.stub, True, run.base) if run is not None else op.entry
+        owner_run = owner.get(i)
+        key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
         items.append(_Item(op.instr, key))
     # trailing labels (none expected)
     for lb in labels_at.get(len(ops), ()):
@@ -984,6 +1003,7 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
     of the retried statement has its ``lasti`` in the copy: that is how the
     engine counts attempts, with nothing added to the normal path.  Exits
     jump back into the original code (backward: the copy lies after it)."""
+    assert run.cell is not None  # set by ``rewrite`` before any emission
     if not run.cell.can_retry:
         return
     key = (run.stub, True, run.base)
@@ -1042,7 +1062,8 @@ def _suspend_tracing() -> list:
         _instr("POP_JUMP_FORWARD_IF_NONE", no_profile, _NOWHERE),
         _instr("PUSH_NULL", loc=_NOWHERE),
         _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
-        Instr("LOAD_CONST", None, location=_NOWHERE),
+        # bytecode's InstrArg has no type for a constant's value
+        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
@@ -1053,7 +1074,8 @@ def _suspend_tracing() -> list:
         _instr("POP_JUMP_FORWARD_IF_NONE", no_trace, _NOWHERE),
         _instr("PUSH_NULL", loc=_NOWHERE),
         _instr("LOAD_CONST", sys.settrace, _NOWHERE),
-        Instr("LOAD_CONST", None, location=_NOWHERE),
+        # bytecode's InstrArg has no type for a constant's value
+        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_trace,
@@ -1094,6 +1116,7 @@ def _items(seq: list, key) -> list[_Item]:
 
 
 def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:
+    assert run.cell is not None  # set by ``rewrite`` before any emission
     barrier = hooks.barrier
     b = run.base
     cell_loc = ops[run.start].instr.location
@@ -1194,7 +1217,7 @@ def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label
     from bytecode import CompilerFlags
 
     module = not code.co_flags & 0x1  # not CO_OPTIMIZED: module-level code
-    prologue: list[Instr] = []
+    prologue: list[Instr | Label] = []
     stack_names = [f".daifu_stack{i}" for i in range(spec.nstack)]
     spec.stack_params = stack_names
     if module:
@@ -1215,11 +1238,13 @@ def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label
                                                                         CellVar(name))
             else:
                 load, delete = Instr("LOAD_FAST", name), Instr("DELETE_FAST", name)
-            prologue += [load, Instr("LOAD_CONST", spec.unbound), Instr("IS_OP", 0),
-                         Instr("POP_JUMP_FORWARD_IF_FALSE", skip), delete, skip]
+            # (bytecode's InstrArg has no type for a constant's value)
+            prologue += [load, Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
+                         Instr("IS_OP", 0), Instr("POP_JUMP_FORWARD_IF_FALSE", skip), delete, skip]
         for hidden, cell in spec.cell_params.items():
             skip = Label()
-            prologue += [Instr("LOAD_FAST", hidden), Instr("LOAD_CONST", spec.unbound),
+            prologue += [Instr("LOAD_FAST", hidden),
+                         Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
                          Instr("IS_OP", 0), Instr("POP_JUMP_FORWARD_IF_TRUE", skip),
                          Instr("LOAD_FAST", hidden), Instr("STORE_DEREF", CellVar(cell)), skip]
         prologue += [Instr("LOAD_FAST", name) for name in stack_names]
@@ -1228,7 +1253,7 @@ def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label
         bc.posonlyargcount = 0
         bc.kwonlyargcount = 0
         bc.flags = CompilerFlags(int(bc.flags) & ~(0x4 | 0x8))  # no *args / **kwargs
-    prologue.append(Instr("JUMP_FORWARD", spec.target))
+    prologue.append(Instr("JUMP_FORWARD", cast(Label, spec.target)))  # set by ``rewrite``
     # insert right after the first RESUME (cells and free variables are set up)
     at = next(n for n, it in enumerate(items) if it.instr is not None and it.instr.name == "RESUME")
     items[at + 1 : at + 1] = [_Item(label=ins) if isinstance(ins, Label) else _Item(ins, None)
@@ -1242,6 +1267,7 @@ def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:
         if it.label is not None:
             labels[it.label] = len(ops)
         else:
+            assert it.instr is not None  # an item is a label or an instruction
             ops.append(_Op(it.instr, it.key))
     return ops, labels
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._source import ModuleSource
+
+if TYPE_CHECKING:
+    from ._transform import Selection
 
 
 @dataclass
 class LoadedFile:
     filename: str
     module: str | None
-    selection: object  # cells._transform.Selection
+    selection: Selection
     source: str
     _msrc: ModuleSource | None = None
 
@@ -34,7 +38,7 @@ _lock = threading.Lock()
 _files: dict[str, LoadedFile] = {}
 
 
-def record(filename: str, module: str | None, selection, source: str,
+def record(filename: str, module: str | None, selection: Selection, source: str,
            msrc: ModuleSource | None = None) -> None:
     with _lock:
         _files[filename] = LoadedFile(filename, module, selection, source, msrc)

@@ -15,6 +15,7 @@ import linecache
 import types
 from collections.abc import Iterator
 from functools import lru_cache
+from typing import cast
 
 _FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -185,7 +186,7 @@ class ModuleSource:
         self.tree = tree if tree is not None else ast.parse(source, filename)
         self._scopes: dict[tuple[str, int], ast.AST] = {}
         self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
-        self._finally: dict[int, ast.Try] = {}
+        self._finally: dict[int, ast.Try | ast.TryStar] = {}
         self._parent: dict[int, ast.AST] = {}
         self._walk_scope(self.tree.body, "")
         for node in ast.walk(self.tree):
@@ -195,7 +196,7 @@ class ModuleSource:
                         self._parent[id(child)] = node
             if isinstance(node, ast.ExceptHandler):
                 self._handlers[_span(node)] = node
-            elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.finalbody:
+            elif isinstance(node, (ast.Try, ast.TryStar)) and node.finalbody:
                 self._finally[node.finalbody[0].lineno] = node
 
     # -- scopes -------------------------------------------------------------
@@ -395,7 +396,9 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
         last = depth == len(path) - 1
         block_old, block_new = _block(node_old, name, bidx), _block(node_new, name, bidx)
         if block_new is None:
-            return f"line {node_new.lineno}: the block holding the failing statement is gone"
+            lineno = cast(ast.stmt, node_new).lineno  # a def, a class or a statement
+            return f"line {lineno}: the block holding the failing statement is gone"
+        assert block_old is not None  # ``path`` was found through these blocks
         keys_old = [_key(old, s) for s in block_old]
         keys_new = [_key(new, s) for s in block_new]
         j = None
@@ -416,4 +419,4 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
         if node_old is not stmt and type(node_old) is not type(node_new):
             return (f"line {node_new.lineno}: the statement enclosing the failing one changed "
                     f"from {type(node_old).__name__} to {type(node_new).__name__}")
-    return node_new
+    return cast(ast.stmt, node_new)  # ``path`` is not empty: a statement of a block

@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
 from . import _registry
+from ._backend import Backend
 from ._cell import CodeInfo, is_vaccinated
 from ._dispatch import backend
 from ._source import ModuleSource, has_loop, is_marked, source_for_file
@@ -106,7 +107,7 @@ def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None
     warnings.warn(message, NotVaccinatedWarning, stacklevel=4)
 
 
-def _check_version(report: Report) -> object | None:
+def _check_version(report: Report) -> Backend | None:
     global _warned_version
     module, reason = backend()
     if module is None:
@@ -234,6 +235,7 @@ def vaccinate_function(fn: Callable) -> bool:
         _not_vaccinated(report, code.co_qualname, "its source code is not available",
                         code.co_firstlineno)
         return False
+    assert msrc is not None  # (scope was found in it)
     hooks = _hooks()
     info = CodeInfo(code.co_qualname, code.co_filename, code.co_firstlineno,
                     getattr(fn, "__module__", None), original=code)

@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 import traceback
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from .._errors import PatchError
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
@@ -94,7 +94,7 @@ class Console(cmd.Cmd):
     def emptyline(self) -> bool:
         return False
 
-    def default(self, line: str) -> bool:
+    def default(self, line: str) -> bool:  # type: ignore[override]  # cmd uses the result
         if line.startswith("!"):
             return self._exec(line[1:])
         self.ok = False
@@ -265,17 +265,27 @@ class Console(cmd.Cmd):
         return sorted(n for n in names if n.startswith(text))
 
 
+HISTORY = "~/.daifu_history"
+HISTORY_LENGTH = 1000
+_history_read = False  # read once per process: every console appends to it
+
+
 def run_local(crash: Crash, engine: Engine) -> Console:
     """The console on the job's own terminal (readline history and completion)."""
-    history = os.path.expanduser("~/.daifu_history")
+    global _history_read
+    history = os.path.expanduser(HISTORY)
+    readline: Any
     try:
         import readline
 
         readline.set_completer_delims(" \t\n`~!@#$%^&*()-=+[{]}\\|;:'\",<>/?")
-        try:
-            readline.read_history_file(history)
-        except OSError:
-            pass
+        readline.set_history_length(HISTORY_LENGTH)  # the file is capped when written
+        if not _history_read:
+            _history_read = True
+            try:
+                readline.read_history_file(history)
+            except OSError:
+                pass
     except ImportError:  # pragma: no cover - readline is part of CPython on POSIX
         readline = None
     console = Console(crash, engine, origin="console")

@@ -158,9 +158,11 @@ class ControlServer:
             pass
 
     def _accept(self) -> None:
+        sock = self._sock
+        assert sock is not None  # (started)
         while not self._closed.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()

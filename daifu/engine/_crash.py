@@ -161,7 +161,9 @@ def _iterator_chain(it: Any, limit: int = 8) -> list[Any]:
     (``enumerate``, ``zip``, ``map``, ``itertools.*``)."""
     import gc
 
-    seen, out, todo = set(), [], [it]
+    seen: set[int] = set()
+    out: list[Any] = []
+    todo = [it]
     while todo and len(out) < limit:
         obj = todo.pop()
         if id(obj) in seen:

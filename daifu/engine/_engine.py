@@ -155,7 +155,7 @@ class Engine:
         #: after the rules; each has ``wait(crash, engine) -> str | None`` (why it
         #: stopped waiting without a decision)
         self.waiters: list[Any] = []
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
         #: the journal of crashes and patches (``_journal.Journal``), if any
         self.journal: Any = None
         #: a journal being replayed (``_journal.Replay``), consulted before the rules
@@ -318,7 +318,7 @@ class Engine:
         return None, "no rule fixed it"
 
     def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str,
-                  final: bool = False) -> int:
+                  final: bool = False) -> int | tuple:
         if decision is RELOAD:
             result = getattr(crash, "_reload", None)
             if result is not None and result.continuation is not None:
@@ -390,7 +390,7 @@ class Engine:
             if isinstance(result, Decision) and decision is None:
                 decision = result
         if decision is not None:
-            current._decision = decision  # type: ignore[attr-defined]
+            current._decision = decision  # type: ignore[union-attr]
         if failure is not None:
             raise failure
 

@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
@@ -231,7 +231,7 @@ def _build(sink: _Sink) -> Any:
         colors = _is_tty(sink.stream) and not os.environ.get("NO_COLOR")
         renderer = structlog.dev.ConsoleRenderer(colors=colors)
     return structlog.wrap_logger(
-        structlog.PrintLogger(file=sink.stream),
+        structlog.PrintLogger(file=cast(Any, sink.stream)),
         processors=[structlog.processors.add_log_level, stamp, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(sink.level),
         context_class=dict,

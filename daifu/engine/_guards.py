@@ -142,7 +142,7 @@ def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
         return None
     try:
         if isinstance(cm, contextlib.suppress):
-            return _subclass_verdict(exc, cm._exceptions)
+            return _subclass_verdict(exc, getattr(cm, "_exceptions", ()))
         if isinstance(cm, contextlib._GeneratorContextManager):
             gen = cm.gen
             frame = getattr(gen, "gi_frame", None)
@@ -150,7 +150,8 @@ def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
                 return False
             return would_catch(guards_at(frame.f_code, frame.f_lasti), exc, frame, None)
         if isinstance(cm, (contextlib.ExitStack, contextlib.AsyncExitStack)):
-            verdicts = [_callback_suppresses(cb, exc, depth) for _, cb in cm._exit_callbacks]
+            callbacks = getattr(cm, "_exit_callbacks", ())
+            verdicts = [_callback_suppresses(cb, exc, depth) for _, cb in callbacks]
             if any(v is True for v in verdicts):
                 return True
             return None if any(v is None for v in verdicts) else False
@@ -363,7 +364,7 @@ def _task_of(frame: types.FrameType) -> Any:
 
 def _suspended(coro: Any) -> list[types.FrameType]:
     """The frames of a suspended coroutine and of what it awaits, innermost first."""
-    frames = []
+    frames: list[types.FrameType] = []
     while coro is not None and len(frames) < 256:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
@@ -392,7 +393,7 @@ def _awaiters(future: Any, leaving: types.FrameType, seen: set[int]):
             return
         if name == "_run_until_complete_cb":
             # loop.run_until_complete (asyncio.run) raises it again: its callers
-            f = leaving
+            f: types.FrameType | None = leaving
             while f is not None and not (f.f_code.co_name == "run_until_complete"
                                          and "asyncio" in f.f_code.co_filename):
                 f = f.f_back

@@ -170,9 +170,9 @@ class Replay:
                     by_number[rec.number] = rec
                     self.crashes.append(rec)
                 elif record.get("type") == "patch" and record.get("status") == "applied":
-                    rec = by_number.get(record.get("crash"))
-                    if rec is not None:
-                        rec.patches.append(record)
+                    owner = by_number.get(record.get("crash"))
+                    if owner is not None:
+                        owner.patches.append(record)
 
     def offer(self, crash: Crash, engine: Engine) -> bool:
         key = crash_key(crash)

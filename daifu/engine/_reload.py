@@ -157,7 +157,7 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             result.changes.append(change)
             if fn.__code__ is running_code and status == "changed":
                 result.running = change
-    if running_code is not None and running_code.co_name == "<module>" \
+    if crash is not None and running_code is not None and running_code.co_name == "<module>" \
             and crash.filename in files:
         # a crash in module-level code (the script's top level): its own
         # statements changed if the module code differs beyond its functions
@@ -167,11 +167,10 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             result.changes.append(result.running)
     known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
     added = _added_functions(files, known)
-    if result.running is not None:
-        result.continuation = _continuation(crash, files[crash.filename], result.running)
-        result.running.detail = f"running: continues in the new code at line " \
-                                f"{result.continuation[2]}"
-        result.continuation = result.continuation[:2]
+    if result.running is not None and crash is not None:
+        fn_, args, line = _continuation(crash, files[crash.filename], result.running)
+        result.running.detail = f"running: continues in the new code at line {line}"
+        result.continuation = (fn_, args)
     if not installs and not added and result.running is None:
         # nothing to apply: a reload that changes nothing must not resume the
         # crash (a retry would fail the same way and burn the attempts)

@@ -116,7 +116,7 @@ class Waiter:
                 return PASSED_ON
             if decision is not None:
                 return None
-            if deadline is not None:  # the wait bounds idleness, not a working session
+            if self.wait_s is not None:  # the wait bounds idleness, not a working session
                 deadline = time.monotonic() + self.wait_s
 
     def _open(self, status, report, local: bool) -> ControlServer | None:

@@ -58,7 +58,7 @@ def activate() -> None:
 def _patch_main_fixup(cfg) -> None:
     import multiprocessing.spawn as spawn
 
-    original = spawn._fixup_main_from_path
+    original = spawn._fixup_main_from_path  # type: ignore[attr-defined]
 
     def _fixup_main_from_path(main_path):
         if os.path.abspath(main_path) != os.path.abspath(cfg.main):
@@ -77,7 +77,7 @@ def _patch_main_fixup(cfg) -> None:
         sys.modules["__main__"] = sys.modules["__mp_main__"] = main_module
         return None
 
-    spawn._fixup_main_from_path = _fixup_main_from_path
+    spawn._fixup_main_from_path = _fixup_main_from_path  # type: ignore[attr-defined]
 
 
 def _run_path_vaccinated(path: str, run_name: str, cfg) -> dict:

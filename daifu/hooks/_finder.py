@@ -16,6 +16,7 @@ import threading
 import warnings
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import CodeType
+from typing import Any, cast
 
 from .._errors import NotVaccinatedWarning, TransformError
 from ..cells import Selection, options, vaccinate_loaded, vaccinate_source
@@ -75,7 +76,7 @@ class DaifuFinder:
         patch, self.on_spawn_import = self.on_spawn_import, None
         spec = self._regular_spec(fullname, path, target)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenPatch(spec.loader, patch)
+            spec.loader = cast(Any, _ThenPatch(spec.loader, patch))
         return spec
 
     def _regular_spec(self, fullname, path, target) -> ModuleSpec | None:
@@ -112,7 +113,7 @@ class DaifuLoader(SourceFileLoader):
         source = self.get_data(self.get_filename(fullname))
         return self.source_to_code(source, self.get_filename(fullname))
 
-    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]
+    def source_to_code(self, data, path, *, _optimize=-1):
         return compile_vaccinated(data, path, self.selection, self.name)
 
 

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(_summary)
     if module is not None:
         _run_module(module, args, cfg)
-    else:
+    elif script is not None:
         _run_script(script, args, cfg)
 
 

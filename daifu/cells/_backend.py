@@ -1,0 +1,75 @@
+"""What a per-version bytecode backend provides (``cells/_dispatch.py`` picks one).
+
+Everything that knows a CPython version's bytecode, exception table or frame
+layout lives behind this interface; the rest of daifu (the driver in
+``cells/_transform.py``, the engine) only calls these functions.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._cell import Cell, CodeInfo, Guard
+    from ._source import ModuleSource
+
+
+class Backend(Protocol):
+    """One CPython version's rewrite and frame access (a module, e.g. ``_py311``)."""
+
+    @property
+    def PYTHON(self) -> tuple[int, int]:  # noqa: N802 - a module constant
+        """The (major, minor) version the backend is for."""
+        ...
+
+    @property
+    def Unsupported(self) -> type[Exception]:  # noqa: N802 - a module's exception class
+        """Raised by ``rewrite`` when code cannot be rewritten (the message says why)."""
+        ...
+
+    @property
+    def NothingToProtect(self) -> type[Exception]:  # noqa: N802
+        """Raised by ``rewrite`` for code without statements of its own (no warning)."""
+        ...
+
+    @property
+    def Continuation(self) -> Any:  # noqa: N802
+        """The request for a continuation in new code (see ``rewrite``)."""
+        ...
+
+    def rewrite(self, code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope: Any,
+                hooks: Any, replace_consts: dict | None = None,
+                continuation: Any = None) -> types.CodeType:
+        """The vaccinated version of ``code`` (its cells appended to ``info.cells``)."""
+        ...
+
+    def chain_for_code(self, code: types.CodeType, offset: int,
+                       msrc: ModuleSource | None) -> tuple[Guard, ...]:
+        """The handlers around byte ``offset`` of *unmodified* code, innermost first."""
+        ...
+
+    def cell_ranges(self, code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
+        """(start, stop, cell, is the retry copy) byte ranges of rewritten code."""
+        ...
+
+    def lasti_offset(self, lasti: int) -> int:
+        """The byte offset of the instruction a barrier's ``lasti`` names."""
+        ...
+
+    def read_locals(self, frame: types.FrameType) -> dict[str, Any]:
+        """A new dict of a function frame's variables, leaving the frame as it was."""
+        ...
+
+    def write_locals(self, frame: types.FrameType, values: dict[str, Any],
+                     deleted: tuple[str, ...] = ()) -> None:
+        """Store into (and delete from) a suspended function frame's variables."""
+        ...
+
+    def called_from_c(self, frame: types.FrameType) -> bool | None:
+        """Was the executing frame entered from C code (None: cannot tell)?"""
+        ...
+
+    def running_function(self, frame: types.FrameType) -> types.FunctionType | None:
+        """The function object executing ``frame``, if it can be found."""
+        ...
