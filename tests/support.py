@@ -72,13 +72,15 @@ def plain(source: str, name: str | None = None):
 class PtyProcess:
     """A child process on a pseudo-terminal (stdin/stdout/stderr are a TTY)."""
 
-    def __init__(self, argv: list[str], cwd: str, env: dict | None = None):
+    def __init__(self, argv: list[str], cwd: str, env: dict | None = None, stdout=None):
+        """``stdout``: a file for the child's stdout instead of the terminal."""
         import os
         import pty
         import subprocess
 
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=slave,
+                                     stdout=slave if stdout is None else stdout, stderr=slave,
                                      env=env, close_fds=True, start_new_session=True)
         os.close(slave)
         self.output = ""

@@ -59,8 +59,18 @@ class Selection:
                 if has_loop(scope):
                     return True
             elif fnmatchcase(qual, qual_pat):
+                MATCHED.add(pattern)
                 return True
         return False
+
+    def unmatched(self) -> list[str]:
+        """The name patterns of ``entries`` that no function matched so far."""
+        return [p for p in self.entries
+                if p.rpartition(":")[2] not in ("*", "**", "<module>") and p not in MATCHED]
+
+
+#: ``DAIFU_ENTRY`` name patterns that selected at least one function
+MATCHED: set[str] = set()
 
 
 @dataclass
@@ -131,8 +141,12 @@ def _dump(report: Report, code: types.CodeType) -> None:
     if options.dump in ("-", "1", "stderr"):
         sys.stderr.write(text)
     elif options.dump:
-        with open(options.dump, "a", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(options.dump, "a", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:  # (checked at start-up; the rewrite itself goes on)
+            warnings.warn(f"daifu: cannot write the dump to {options.dump}: {exc}",
+                          NotVaccinatedWarning, stacklevel=3)
 
 
 def vaccinate_module(
@@ -188,11 +202,21 @@ def vaccinate_source(
     """Compile ``source`` and vaccinate it (what the import hook and runner do).
 
     With ``options.cache`` set, a module vaccinated the same way before is
-    loaded from the cache instead of rewritten (see ``_cache``)."""
+    loaded from the cache instead of rewritten (see ``_cache``).
+
+    A source that does not compile raises the ``SyntaxError`` Python itself
+    raises for it (same message for a bad encoding as ``python file.py``)."""
+    original = source
+    failure: BaseException | None = None
     if isinstance(source, bytes):
         from importlib.util import decode_source
 
-        source = decode_source(source)
+        try:
+            source = decode_source(source)
+        except (SyntaxError, UnicodeDecodeError) as exc:
+            failure = exc
+    if failure is not None or not isinstance(source, str):  # (raised outside the handler:
+        raise python_syntax_error(original, filename) from None  # no "during handling")
     cache = options.cache if not options.dump else None
     if cache is not None:
         hit = cache.load(source, filename, module, selection)
@@ -205,13 +229,44 @@ def vaccinate_source(
             _register(filename)
             _registry.record(filename, module, selection, source)
             return code, report
-    tree = ast.parse(source, filename)
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError) as exc:
+        failure = exc
+    if failure is not None:
+        raise python_syntax_error(original, filename) from None
     code = compile(tree, filename, "exec", dont_inherit=True)
     msrc = ModuleSource(source, filename, tree)
     new_code, report = vaccinate_module(code, msrc, selection, module)
     if cache is not None and report.vaccinated:
         cache.store(source, filename, module, selection, new_code, report)
     return new_code, report
+
+
+def python_syntax_error(source: str | bytes, filename: str) -> SyntaxError:
+    """The SyntaxError ``python filename`` reports for a source that does not
+    compile (or decode)."""
+    if isinstance(source, bytes) and not source.startswith(b"\xef\xbb\xbf"):
+        import re
+
+        cookie = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+        first_two = source.split(b"\n", 2)[:2]
+        if not any(cookie.match(line) for line in first_two):
+            for n, line in enumerate(source.split(b"\n"), 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    return SyntaxError(
+                        f"Non-UTF-8 code starting with '\\x{line[err.start]:02x}' in file "
+                        f"{filename} on line {n}, but no encoding declared; see "
+                        "https://peps.python.org/pep-0263/ for details")
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return exc
+    except ValueError as exc:  # (null bytes, in Python < 3.12)
+        return SyntaxError(str(exc))
+    return SyntaxError(f"{filename} could not be parsed")
 
 
 def vaccinate_function(fn: Callable) -> bool:

@@ -19,6 +19,7 @@ import traceback
 from typing import IO, TYPE_CHECKING, Any
 
 from .._errors import PatchError
+from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
@@ -88,7 +89,8 @@ class Console(cmd.Cmd):
         if self.stdout is sys.stdout:
             yield
             return
-        with contextlib.redirect_stdout(self.stdout), contextlib.redirect_stderr(self.stdout):
+        with _events.pinned_stderr(), contextlib.redirect_stdout(self.stdout), \
+                contextlib.redirect_stderr(self.stdout):
             yield
 
     def emptyline(self) -> bool:
@@ -271,8 +273,16 @@ _history_read = False  # read once per process: every console appends to it
 
 
 def run_local(crash: Crash, engine: Engine) -> Console:
-    """The console on the job's own terminal (readline history and completion)."""
+    """The console on the job's own terminal (readline history and completion).
+
+    It talks to the terminal: when the program's stdout is redirected
+    (``python -m daifu train.py > train.log``), the report and the prompt go
+    to stderr and commands are read from stdin (without line editing), so the
+    job does not look hung and the log file gets none of it."""
     global _history_read
+    if not _isatty(sys.stdout):
+        console = Console(crash, engine, stdin=sys.stdin, stdout=sys.stderr, origin="console")
+        return _loop(console, crash)
     history = os.path.expanduser(HISTORY)
     readline: Any
     try:
@@ -288,22 +298,32 @@ def run_local(crash: Crash, engine: Engine) -> Console:
                 pass
     except ImportError:  # pragma: no cover - readline is part of CPython on POSIX
         readline = None
-    console = Console(crash, engine, origin="console")
-    console.say(build_report(crash).render())
-    console.say("type help for commands")
     try:
-        while console.decision is None:
-            try:
-                console.cmdloop()
-            except KeyboardInterrupt:
-                console.say("\n(interrupted: type abort to give up, or a command)")
+        return _loop(Console(crash, engine, origin="console"), crash)
     finally:
         if readline is not None:
             try:
                 readline.write_history_file(history)
             except OSError:
                 pass
+
+
+def _loop(console: Console, crash: Crash) -> Console:
+    console.say(build_report(crash).render())
+    console.say("type help for commands")
+    while console.decision is None:
+        try:
+            console.cmdloop()
+        except KeyboardInterrupt:
+            console.say("\n(interrupted: type abort to give up, or a command)")
     return console
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False
 
 
 def run_line(crash: Crash, engine: Engine, text: str, origin: str) -> tuple[Console, str]:

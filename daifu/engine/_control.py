@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,22 +34,68 @@ class EndpointError(Exception):
     """The control endpoint cannot be opened safely."""
 
 
+def _candidates() -> list[str]:
+    """Where control sockets may live, in order of preference."""
+    explicit = os.environ.get(RUNTIME_ENV)
+    if explicit:
+        return [explicit]
+    out = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg) and os.stat(xdg).st_uid == os.getuid():
+        out.append(os.path.join(xdg, "daifu"))
+    out.append(os.path.join(os.environ.get("TMPDIR") or "/tmp", f"daifu-{os.getuid()}"))
+    # anyone can create /tmp/daifu-$UID first; then the sockets live here
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                             "state")
+    out.append(os.path.join(state, "daifu", "run"))
+    return out
+
+
 def runtime_dir(create: bool = True) -> str:
-    """This user's private directory for control sockets."""
-    path = os.environ.get(RUNTIME_ENV)
-    if not path:
-        xdg = os.environ.get("XDG_RUNTIME_DIR")
-        if xdg and os.path.isdir(xdg) and os.stat(xdg).st_uid == os.getuid():
-            path = os.path.join(xdg, "daifu")
-        else:
-            path = os.path.join("/tmp", f"daifu-{os.getuid()}")
-    if create:
+    """This user's private directory for control sockets.  ``DAIFU_RUNTIME_DIR``
+    must be private; otherwise a default that another user created (or made
+    readable) is passed over, and the job says where it listens instead."""
+    candidates = _candidates()
+    problems = []
+    for n, path in enumerate(candidates):
+        last = n == len(candidates) - 1
+        if create:
+            try:
+                os.makedirs(path, 0o700) if last else os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                problems.append(f"{path}: {exc.strerror}")
+                continue
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-    check_private(path)
-    return path
+            check_private(path)
+        except EndpointError as exc:
+            if len(candidates) == 1:
+                raise
+            problems.append(str(exc))
+            continue
+        if problems and create:
+            sys.stderr.write(f"daifu: not using {'; '.join(problems)}\n"
+                             f"daifu: control sockets are in {path}\n")
+        return path
+    raise EndpointError("no private directory for control sockets: " + "; ".join(problems))
+
+
+def runtime_dirs() -> list[str]:
+    """The private directories where this user's jobs may listen (clients
+    look in all of them)."""
+    out = []
+    for path in _candidates():
+        if not os.path.lexists(path):
+            continue
+        try:
+            check_private(path)
+        except EndpointError:
+            if os.environ.get(RUNTIME_ENV):
+                raise
+            continue
+        out.append(path)
+    return out
 
 
 def check_private(path: str) -> None:
@@ -85,20 +132,48 @@ def _send(conn: socket.socket, message: dict) -> None:
     conn.sendall((json.dumps(message) + "\n").encode())
 
 
-def _lines(conn: socket.socket) -> Iterator[dict]:
-    buf = b""
+#: the longest request line a job reads (a reload's sources arrive from disk,
+#: not over the socket; code sent with exec is small)
+MAX_LINE = 1 << 20
+#: connections served at once; more are answered "busy" and closed
+MAX_CONNECTIONS = 8
+#: how long a client may take to send its first request
+FIRST_REQUEST_S = 10.0
+
+
+class ProtocolError(Exception):
+    """A client sent something that is not a request (one line saying why)."""
+
+
+def _decode(line: bytes) -> dict:
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError("not a JSON line") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"a request is a JSON object, not {type(message).__name__}")
+    return message
+
+
+def _lines(conn: socket.socket, limit: int = MAX_LINE) -> Iterator[dict]:
+    """The JSON objects a peer sends, one per line.  ``ProtocolError`` for a
+    line that is not one or longer than ``limit`` (read in linear time)."""
+    buf = bytearray()
     while True:
         chunk = conn.recv(65536)
         if not chunk:
             return
+        start = len(buf)
         buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
+        end = buf.find(b"\n", start)
+        while end != -1:
+            line = bytes(buf[:end])
+            del buf[:end + 1]
             if line.strip():
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    yield {"op": "malformed", "raw": line[:200].decode(errors="replace")}
+                yield _decode(line)
+            end = buf.find(b"\n")
+        if len(buf) > limit:
+            raise ProtocolError(f"a request line longer than {limit} bytes")
 
 
 @dataclass
@@ -140,7 +215,7 @@ class ControlServer:
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
-        sock.listen(8)
+        sock.listen(64)
         self._sock = sock
         threading.Thread(target=self._accept, name="daifu-control", daemon=True).start()
         return self.path
@@ -160,70 +235,112 @@ class ControlServer:
     def _accept(self) -> None:
         sock = self._sock
         assert sock is not None  # (started)
+        slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         while not self._closed.is_set():
             try:
                 conn, _ = sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            if not slots.acquire(blocking=False):
+                _refuse(conn, "too many connections to this job; try again")
+                continue
+            threading.Thread(target=self._serve_one, args=(conn, slots), daemon=True,
+                             name="daifu-control-client").start()
+
+    def _serve_one(self, conn: socket.socket, slots: threading.BoundedSemaphore) -> None:
+        try:
+            with conn:
+                self._serve(conn)
+        except Exception:  # a client's problem must never show up in the job's output
+            pass
+        finally:
+            slots.release()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                uid = peer_uid(conn)
-                if uid != os.getuid():
-                    _read_request(conn)  # answering before the client sent would break its pipe
-                    _send(conn, {"ok": False, "error": f"permission denied: peer uid {uid} is not "
-                                 f"the job's uid {os.getuid()}"})
+        uid = peer_uid(conn)
+        if uid != os.getuid():
+            _read_request(conn)  # answering before the client sent would break its pipe
+            _send(conn, {"ok": False, "error": f"permission denied: peer uid {uid} is not "
+                         f"the job's uid {os.getuid()}"})
+            return
+        origin = f"attach:pid{peer_pid(conn)}"
+        conn.settimeout(FIRST_REQUEST_S)
+        try:
+            for message in _lines(conn):
+                conn.settimeout(None)  # an attached human may think for a while
+                if not self._handle(conn, message, origin):
                     return
-                origin = f"attach:pid{peer_pid(conn)}"
-                for message in _lines(conn):
-                    op = message.get("op")
-                    if op == "status":
-                        _send(conn, {"ok": True, **self.status,
-                                     "waiting_s": round(time.time() - self.status["since"], 1)})
-                        return
-                    if self.local and op in ("send", "attach", None):
-                        _send(conn, {"ok": False, "error": "a console is active in the job's own "
-                                     "terminal; use it there"})
-                        return
-                    if op == "attach":
-                        _send(conn, {"ok": True, "report": self.report})
-                        continue
-                    command = message.get("cmd")
-                    if not isinstance(command, str) or op not in ("send", None):
-                        _send(conn, {"ok": False, "error": f"malformed request: {message!r:.200}"})
-                        if op == "send" or op == "malformed":
-                            return
-                        continue
-                    if self._closed.is_set():
-                        _send(conn, {"ok": False, "error": "the crash is no longer waiting"})
-                        return
-                    request = Request(command, origin)
-                    self.requests.put(request)
-                    while not request.done.wait(0.2):
-                        if self._closed.is_set():
-                            request.reply = {"ok": False, "error": "the crash stopped waiting"}
-                            break
-                    try:
-                        _send(conn, request.reply)
-                    finally:
-                        request.sent.set()
-                    if op == "send" or request.reply.get("resumed"):
-                        return
-            except (OSError, ValueError):
-                return
+        except ProtocolError as exc:
+            _send(conn, {"ok": False, "error": f"malformed request: {exc}"})
+        except (OSError, ValueError):
+            return
+
+    def _handle(self, conn: socket.socket, message: dict, origin: str) -> bool:
+        """Answer one request; False when the connection is done."""
+        op = message.get("op")
+        if op == "status":
+            _send(conn, {"ok": True, **self.status,
+                         "waiting_s": round(time.time() - self.status["since"], 1)})
+            return False
+        if self.local and op in ("send", "attach", None):
+            _send(conn, {"ok": False, "error": "a console is active in the job's own "
+                         "terminal; use it there"})
+            return False
+        if op == "attach":
+            _send(conn, {"ok": True, "report": self.report})
+            return True
+        command = message.get("cmd")
+        if not isinstance(command, str) or op not in ("send", None):
+            _send(conn, {"ok": False, "error": f"malformed request: {message!r:.200}"})
+            return op is None
+        if self._closed.is_set():
+            _send(conn, {"ok": False, "error": "the crash is no longer waiting"})
+            return False
+        request = Request(command, origin)
+        self.requests.put(request)
+        while not request.done.wait(0.2):
+            if self._closed.is_set():
+                request.reply = {"ok": False, "error": "the crash stopped waiting"}
+                break
+        try:
+            _send(conn, request.reply)
+        finally:
+            request.sent.set()
+        return not (op == "send" or request.reply.get("resumed"))
+
+
+def _refuse(conn: socket.socket, error: str) -> None:
+    """Answer and close at once (the accepting thread must not wait on anyone)."""
+    try:
+        with conn:
+            conn.setblocking(False)
+            try:
+                conn.recv(65536)  # what the client already sent (so the close is clean)
+            except OSError:
+                pass
+            conn.setblocking(True)
+            conn.settimeout(0.5)
+            _send(conn, {"ok": False, "error": error})
+    except OSError:
+        pass
 
 
 # -- clients ---------------------------------------------------------------------------
 
 
+def _socket_path(pid: int) -> str:
+    dirs = runtime_dirs()
+    for directory in dirs:
+        path = os.path.join(directory, f"{pid}.sock")
+        if os.path.exists(path):
+            return path
+    where = " or ".join(dirs) or "any private runtime directory"
+    raise EndpointError(f"no daifu job with pid {pid} is waiting on a crash "
+                        f"(no {pid}.sock in {where})")
+
+
 def _connect(pid: int, timeout: float = 5.0) -> socket.socket:
-    directory = runtime_dir(create=False)
-    path = os.path.join(directory, f"{pid}.sock")
-    if not os.path.exists(path):
-        raise EndpointError(f"no daifu job with pid {pid} is waiting on a crash "
-                            f"(no socket {path})")
+    path = _socket_path(pid)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:
@@ -234,23 +351,34 @@ def _connect(pid: int, timeout: float = 5.0) -> socket.socket:
     return conn
 
 
-def request(pid: int, message: dict, timeout: float = 600.0) -> dict:
+#: how long ``send`` waits for the job to answer (a reload may take a while)
+SEND_TIMEOUT_S = float(os.environ.get("DAIFU_SEND_TIMEOUT", "120"))
+
+
+def request(pid: int, message: dict, timeout: float = SEND_TIMEOUT_S) -> dict:
     with _connect(pid) as conn:
         conn.settimeout(timeout)
         _send(conn, message)
-        for reply in _lines(conn):
-            return reply
+        try:
+            for reply in _lines(conn):
+                return reply
+        except TimeoutError:
+            raise EndpointError(f"job {pid} did not answer within {timeout:g}s "
+                                "(DAIFU_SEND_TIMEOUT)") from None
+        except ProtocolError as exc:
+            raise EndpointError(f"job {pid} answered something else: {exc}") from None
     raise EndpointError(f"job {pid} closed the connection without answering")
 
 
 def list_jobs() -> list[dict]:
     """Status of every job of this user that waits on a crash."""
-    try:
-        directory = runtime_dir(create=False)
-    except EndpointError as exc:
-        if "does not exist" in str(exc):
-            return []
-        raise
+    jobs = []
+    for directory in runtime_dirs():
+        jobs += _jobs_in(directory)
+    return jobs
+
+
+def _jobs_in(directory: str) -> list[dict]:
     jobs = []
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".sock") or not name[:-5].isdigit():
@@ -284,13 +412,19 @@ class Session:
     """An attached console (``python -m daifu attach PID``)."""
 
     def __init__(self, pid: int):
+        self.pid = pid
         self.conn = _connect(pid)
-        self.conn.settimeout(None)
         self._messages = _lines(self.conn)
 
     def open(self) -> dict:
+        self.conn.settimeout(30.0)  # a job that is alive answers at once
         _send(self.conn, {"op": "attach"})
-        return next(self._messages, {"ok": False, "error": "no answer"})
+        try:
+            hello = next(self._messages, {"ok": False, "error": "no answer"})
+        except TimeoutError:
+            raise EndpointError(f"job {self.pid} did not answer within 30s") from None
+        self.conn.settimeout(None)  # then each command takes as long as it takes
+        return hello
 
     def command(self, text: str) -> dict:
         _send(self.conn, {"cmd": text})

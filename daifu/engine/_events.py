@@ -172,14 +172,29 @@ class InternalError(Event):
     traceback: str
 
 
+_pinned: list[Any] = []  # the job's own stderr, while the console redirects sys.stderr
+
+
 class _CurrentStderr:
-    """Write to whatever ``sys.stderr`` is now (tests and tools replace it)."""
+    """Write to whatever ``sys.stderr`` is now (tests and tools replace it) --
+    except while the console captures a command's output: daifu's events
+    still go to the job's stderr, not to the person who sent the command."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        return (_pinned[-1] if _pinned else sys.stderr).write(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        (_pinned[-1] if _pinned else sys.stderr).flush()
+
+
+@contextlib.contextmanager
+def pinned_stderr() -> Iterator[None]:
+    """Keep daifu's events on the current ``sys.stderr`` inside the block."""
+    _pinned.append(sys.stderr)
+    try:
+        yield
+    finally:
+        _pinned.pop()
 
 
 @dataclass

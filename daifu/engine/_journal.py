@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DaifuWarning
+from .._private import check_private, open_private
 from ..cells import _registry
 from ._crash import exception_text
 from ._decision import Decision
@@ -33,12 +34,53 @@ if TYPE_CHECKING:
     from ._engine import Engine
 
 
-def default_path(script: str | None) -> str:
+#: journals kept in the default directory (the oldest are removed when a new
+#: one is opened), and the most space they may take together
+KEEP, KEEP_BYTES = 100, 200 * 1024 * 1024
+
+
+class JournalError(ValueError):
+    """A journal cannot be used (one line saying why)."""
+
+
+def default_directory() -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
                                                             "state")
+    return os.path.join(base, "daifu", "journal")
+
+
+def default_path(script: str | None) -> str:
     stem = os.path.splitext(os.path.basename(script or "python"))[0] or "python"
     name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
-    return os.path.join(base, "daifu", "journal", name)
+    return os.path.join(default_directory(), name)
+
+
+def journals(directory: str | None = None) -> list[os.DirEntry]:
+    """The journals of this user in ``directory`` (default: daifu's), newest first."""
+    directory = directory or default_directory()
+    try:
+        with os.scandir(directory) as entries:
+            found = [e for e in entries if e.name.endswith(".jsonl")
+                     and e.is_file(follow_symlinks=False)
+                     and e.stat(follow_symlinks=False).st_uid == os.getuid()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+
+
+def prune(directory: str, keep: int = KEEP, keep_bytes: int = KEEP_BYTES,
+          current: str | None = None) -> list[str]:
+    """Remove the oldest journals beyond ``keep`` files or ``keep_bytes``."""
+    removed, total = [], 0
+    for n, entry in enumerate(journals(directory)):
+        total += entry.stat(follow_symlinks=False).st_size
+        if entry.path != current and (n >= keep or total > keep_bytes):
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:
+                pass
+    return removed
 
 
 def crash_key(crash: Crash) -> dict[str, str]:
@@ -61,10 +103,12 @@ class JournalOpened(Event):
 
 
 class Journal:
-    """Appends records to a 0600 file (created at the first crash)."""
+    """Appends records to a 0600 file (created at the first crash; never
+    through a symbolic link, never a file another user owns or may write)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, keep: int = KEEP):
         self.path = os.path.abspath(path)
+        self.keep = keep
         self._fd: int | None = None
         self._lock = threading.Lock()
         # numbers by crash object, not id(): ids of handled crashes are reused
@@ -79,10 +123,13 @@ class Journal:
         with self._lock:
             if self._fd is None:
                 directory = os.path.dirname(self.path)
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                os.fchmod(self._fd, 0o600)
+                if directory == default_directory():
+                    os.makedirs(directory, mode=0o700, exist_ok=True)
+                    check_private(directory, "journals", JournalError)
+                self._fd = open_private(self.path, "the journal", JournalError)
                 emit(JournalOpened(path=self.path))
+                if directory == default_directory():
+                    prune(directory, self.keep, current=self.path)
             os.write(self._fd, line)
 
     def crash_id(self, crash: Crash) -> int:
@@ -130,6 +177,43 @@ def _before(result, path: str) -> str:
     return getattr(result, "old_sources", {}).get(path, "")
 
 
+_KEY_FIELDS = ("exc_type", "file", "function", "statement")
+
+
+def _parse(path: str, n: int, line: str, last: bool) -> dict | None:
+    """One record, checked; None for a truncated last line (a job killed while
+    writing it), ``JournalError`` for anything else that is not a record."""
+    import json
+
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        if last:
+            warnings.warn(f"daifu: {path}:{n}: an incomplete record (the job was killed "
+                          "while writing it?); ignored", DaifuWarning, stacklevel=3)
+            return None
+        raise JournalError(f"{path}:{n}: not a daifu journal record (not JSON)") from None
+    kind = record.get("type") if isinstance(record, dict) else None
+    if kind not in ("crash", "patch", "outcome"):
+        raise JournalError(f"{path}:{n}: not a daifu journal record (a JSON object with "
+                           "\"type\": crash, patch or outcome)")
+    if kind == "crash":
+        key = record.get("key")
+        if not isinstance(record.get("crash"), int) or not isinstance(key, dict) or not all(
+                isinstance(key.get(k), str) for k in _KEY_FIELDS):
+            raise JournalError(f"{path}:{n}: a crash record needs \"crash\" (a number) and "
+                               f"\"key\" ({', '.join(_KEY_FIELDS)})")
+    if kind == "patch":
+        what = record.get("kind")
+        ok = {"decision": lambda r: r.get("decision") in {d.value for d in Decision},
+              "exec": lambda r: isinstance(r.get("code"), str),
+              "reload": lambda r: isinstance(r.get("sources", {}), dict)
+              and isinstance(r.get("before", {}), dict)}.get(what, lambda r: isinstance(what, str))
+        if not ok(record):
+            raise JournalError(f"{path}:{n}: a malformed {what!r} patch record")
+    return record
+
+
 @dataclass
 class _Recorded:
     number: int
@@ -150,29 +234,32 @@ class Replay:
     """Patch source that re-applies a journal's patches to matching crashes."""
 
     def __init__(self, path: str):
-        import json
-
+        """Read a journal; ``JournalError`` (one line) if it is not one, or
+        not safe to run code from (owned by another user, writable by others,
+        a symbolic link)."""
         self.path = path
         self.crashes: list[_Recorded] = []
         by_number: dict[int, _Recorded] = {}
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    warnings.warn(f"daifu: {path}:{n}: not a journal record; ignored",
-                                  DaifuWarning, stacklevel=2)
-                    continue
-                if record.get("type") == "crash":
-                    rec = _Recorded(record["crash"], record["key"])
-                    by_number[rec.number] = rec
-                    self.crashes.append(rec)
-                elif record.get("type") == "patch" and record.get("status") == "applied":
-                    owner = by_number.get(record.get("crash"))
-                    if owner is not None:
-                        owner.patches.append(record)
+        fd = open_private(path, "the journal to replay (--replay)", JournalError, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise JournalError(f"{path} is not a daifu journal (not UTF-8 text)") from None
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        for n, line in lines:
+            record = _parse(path, n, line, last=n == lines[-1][0])
+            if record is None:
+                continue
+            if record["type"] == "crash":
+                rec = _Recorded(record["crash"], record["key"])
+                by_number[rec.number] = rec
+                self.crashes.append(rec)
+            elif record["type"] == "patch" and record.get("status") == "applied":
+                owner = by_number.get(record.get("crash"))  # type: ignore[arg-type]
+                if owner is not None:
+                    owner.patches.append(record)
 
     def offer(self, crash: Crash, engine: Engine) -> bool:
         key = crash_key(crash)

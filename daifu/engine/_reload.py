@@ -235,6 +235,11 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
                     new = fh.read()
             except OSError:
                 continue
+            except UnicodeDecodeError as exc:
+                if loaded is None:
+                    continue  # not daifu's: an unreadable file is not a candidate
+                raise PatchError(f"reload: {path} is not UTF-8 text ({exc.reason} at byte "
+                                 f"{exc.start}) -- nothing was changed") from None
         old = loaded.source if loaded is not None else _text_before_edit(path)
         if new == old:
             continue
@@ -244,6 +249,8 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
         except SyntaxError as exc:
             raise PatchError(
                 f"reload: {path}:{exc.lineno}: {exc.msg} -- nothing was changed") from None
+        except ValueError as exc:  # (source code string cannot contain null bytes)
+            raise PatchError(f"reload: {path}: {exc} -- nothing was changed") from None
         if loaded is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

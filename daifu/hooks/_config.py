@@ -175,16 +175,19 @@ class Config:
         """Journal, replay and the human in the loop (runner and spawned children)."""
         import sys
 
+        from .._private import check_file
         from ..engine import ENGINE
-        from ..engine._journal import Journal, Replay, default_path
+        from ..engine._journal import Journal, JournalError, Replay, default_path
         from ..engine._waiter import Waiter
 
+        if self.journal:
+            check_file(self.journal, "the journal (--journal)", ConfigError)
         ENGINE.journal = Journal(self.journal or default_path(script))
         if self.replay:
             try:
                 ENGINE.replay = Replay(self.replay)
-            except OSError as exc:
-                raise ConfigError(f"cannot read the journal to replay: {exc}") from None
+            except JournalError as exc:
+                raise ConfigError(str(exc)) from None
         console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
         ENGINE.waiters[:] = []
         if console or self.wait != 0:

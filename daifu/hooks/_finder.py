@@ -102,6 +102,25 @@ class DaifuFinder:
         return f"<DaifuFinder {self.matcher!r}>"
 
 
+# A module with a syntax error must fail the way it fails without daifu: the
+# import's traceback shows the importing line and the error -- no importlib
+# and no daifu frames.  CPython drops the importlib frames of a traceback up to
+# one named ``_call_with_frames_removed`` in an importlib file; the loader's
+# ``get_code`` (which importlib's ``exec_module`` calls) is compiled as such a
+# frame, and re-raises a SyntaxError from itself, its traceback starting there.
+_FRAMES_REMOVED_SOURCE = """
+def _call_with_frames_removed(self, fullname):
+    try:
+        return self._get_code(fullname)
+    except SyntaxError as exc:
+        raise exc.with_traceback(None)
+"""
+_namespace: dict = {}
+exec(compile(_FRAMES_REMOVED_SOURCE, "<frozen importlib._bootstrap_external>", "exec"),
+     _namespace)
+_frames_removed_get_code = _namespace["_call_with_frames_removed"]
+
+
 class DaifuLoader(SourceFileLoader):
     """A ``SourceFileLoader`` whose code is vaccinated (and never cached)."""
 
@@ -109,12 +128,17 @@ class DaifuLoader(SourceFileLoader):
         super().__init__(fullname, path)
         self.selection = selection
 
-    def get_code(self, fullname: str) -> CodeType:
+    def _get_code(self, fullname: str) -> CodeType:
         source = self.get_data(self.get_filename(fullname))
         return self.source_to_code(source, self.get_filename(fullname))
 
     def source_to_code(self, data, path, *, _optimize=-1):
         return compile_vaccinated(data, path, self.selection, self.name)
+
+    get_code = _frames_removed_get_code  # (see below: _get_code, as importlib calls it)
+
+
+
 
 
 def vaccinate_in_place(module, selection: Selection) -> None:

@@ -102,5 +102,3 @@ def attach(args: list[str]) -> int:
     finally:
         session.close()
 
-
-COMMANDS = {"ps": ps, "send": send, "attach": attach}

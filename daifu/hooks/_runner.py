@@ -21,6 +21,7 @@ import sys
 import traceback
 import types
 import warnings
+from typing import NoReturn
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
@@ -35,7 +36,9 @@ python -m daifu [options] script.py [args ...]
        python -m daifu [options] -m module [args ...]
        python -m daifu ps                     (jobs waiting on a crash)
        python -m daifu attach PID             (console of a waiting job)
-       python -m daifu send PID COMMAND ...   (one command; exit 0 if the job resumed)"""
+       python -m daifu send PID COMMAND ...   (one command; exit 0 if the job resumed)
+       python -m daifu journal [show N]       (journals of crashes and fixes)
+       python -m daifu doctor | help [COMMAND]"""
 
 DESCRIPTION = """\
 Run a Python program so that an exception that would crash it is stopped where
@@ -65,14 +68,15 @@ examples:
 
 
 
-#: ``python -m daifu COMMAND``: talk to a job instead of running a program
-COMMANDS = ("ps", "attach", "send")
+#: ``python -m daifu COMMAND``: not a program run (see ``_commands``)
+COMMANDS = ("ps", "attach", "send", "journal", "doctor", "help")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m daifu", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--max 3` is refused, not guessed (the script follows)
     )
     p.add_argument("--fixes", action="append", default=[], metavar="FILE",
                    help="load rules from FILE before the script starts (repeatable)")
@@ -133,10 +137,10 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, lis
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in COMMANDS:  # ps / attach / send; `./ps` runs a script called ps
-        from ._remote import COMMANDS as run
+    if argv and argv[0] in COMMANDS:  # `./ps` runs a script called ps
+        from ._commands import run
 
-        raise SystemExit(run[argv[0]](argv[1:]))
+        raise SystemExit(run(argv[0], argv[1:]))
     options, script, module, args = _split_argv(argv)
     if options:  # (argparse, and what it imports, only when there is something to parse)
         parser = _parser()
@@ -183,6 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         for path in cfg.fixes:
             if not os.path.isfile(path):
                 raise ConfigError(f"fixes file not found: {path}")
+        if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
+            try:
+                with open(cfg.dump, "a", encoding="utf-8"):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"cannot write the dump (--dump) to {cfg.dump}: "
+                                  f"{exc.strerror}") from None
     except ConfigError as exc:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
         raise SystemExit(2) from None
@@ -263,20 +274,69 @@ def _compile_main(source: bytes, filename: str, cfg: Config) -> types.CodeType:
     return compile_vaccinated(source, filename, cfg.selection(module_level=True), "__main__")
 
 
+def _check_entries(cfg: Config) -> None:
+    """Warn about ``--entry`` names that select nothing: now, when only the
+    script can match; at exit when modules imported later could."""
+    def warn(when: str) -> None:
+        missing = cfg.selection().unmatched()
+        if missing:
+            sys.stderr.write(f"daifu: warning: --entry/DAIFU_ENTRY {', '.join(map(repr, missing))} "
+                             f"matched no function {when}; nothing was vaccinated for it\n")
+
+    if cfg.matcher:
+        atexit.register(warn, "in the script or the DAIFU_MODULES modules")
+    else:
+        warn("in the script")
+
+
+def _syntax_error(exc: SyntaxError) -> NoReturn:
+    """What ``python bad.py`` prints: the error, its line and caret, no traceback."""
+    traceback.print_exception(type(exc), exc, None)
+    raise SystemExit(1)
+
+
 def _run_script(script: str, args: list[str], cfg: Config) -> None:
     path = os.path.abspath(script)
-    with open(path, "rb") as fh:
-        source = fh.read()
+    if os.path.isdir(path):  # a directory with __main__.py, as Python runs it
+        main_file = os.path.join(path, "__main__.py")
+        if not os.path.isfile(main_file):
+            sys.stderr.write(f"{sys.executable}: can't find '__main__' module in "
+                             f"{os.path.relpath(path)!r}\n")
+            raise SystemExit(1)
+        sys.argv[:] = [script, *args]
+        sys.path[0] = path
+        _run_file(main_file, cfg)
+        return
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(path)
+    _run_file(path, cfg)
+
+
+def _run_file(path: str, cfg: Config) -> None:
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] "
+                         f"{exc.strerror}\n")
+        raise SystemExit(2) from None
     loader = importlib.machinery.SourceFileLoader("__main__", path)
     main = _new_main(path, None, loader)
-    code = _compile_main(source, path, cfg)
+    try:
+        code = _compile_main(source, path, cfg)
+    except SyntaxError as exc:
+        _syntax_error(exc)
+    _check_entries(cfg)
     exec(code, main.__dict__)
 
 
 def _run_module(name: str, args: list[str], cfg: Config) -> None:
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:  # a parent package is missing, ...
+        sys.stderr.write(f"{sys.executable}: Error while finding module specification for "
+                         f"{name!r} ({type(exc).__name__}: {exc})\n")
+        raise SystemExit(1) from None
     if spec is None:
         sys.stderr.write(f"{sys.executable}: No module named {name}\n")
         raise SystemExit(1)
@@ -300,7 +360,11 @@ def _run_module(name: str, args: list[str], cfg: Config) -> None:
     os.environ["DAIFU_MAIN"] = origin
     sys.argv[:] = [origin, *args]
     main = _new_main(origin, spec, loader)
-    code = _compile_main(get_data(origin), origin, cfg)
+    try:
+        code = _compile_main(get_data(origin), origin, cfg)
+    except SyntaxError as exc:
+        _syntax_error(exc)
+    _check_entries(cfg)
     exec(code, main.__dict__)
 
 
