@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import daifu
-from daifu.cells import _registry
+from daifu import cells as _registry
 from daifu.cells._source import ModuleSource, map_statement
 from daifu.engine import ENGINE
 from daifu.engine._console import run_line
@@ -65,7 +65,7 @@ def module(tmp_path, monkeypatch):
     yield reload_target, path
     daifu.uninstall()
     sys.modules.pop("reload_target", None)
-    _registry._files.pop(str(path), None)  # a later reload must not see this file
+    _registry.forget(str(path))  # a later reload must not see this file
 
 
 def test_report_names_effects_done_before_the_failure(module):

@@ -259,7 +259,7 @@ def test_entry_names_that_match_nothing_are_warned_about(tmp_path):
 
 def test_reload_of_a_binary_file_is_a_rejected_reload(tmp_path, monkeypatch):
     import daifu
-    from daifu.cells import _registry
+    from daifu import cells as _registry
     from daifu.engine._events import capture
 
     (tmp_path / "binmod.py").write_text("def f(d):\n    for _ in range(1):\n        x = 1 // d\n"
@@ -280,7 +280,7 @@ def test_reload_of_a_binary_file_is_a_rejected_reload(tmp_path, monkeypatch):
     finally:
         daifu.uninstall()
         sys.modules.pop("binmod", None)
-        _registry._files.pop(str(tmp_path / "binmod.py"), None)
+        _registry.forget(str(tmp_path / "binmod.py"))
     rejected = [e["reason"] for e in events if e["event"] == "patch.rejected"]
     assert rejected and "is not UTF-8 text" in rejected[0]
     assert not [e for e in events if e["event"] == "daifu.internal_error"]

@@ -255,7 +255,9 @@ def test_unknown_python_version_refuses_cleanly(monkeypatch):
 
     monkeypatch.setattr(_transform, "backend",
                         lambda: _dispatch.backend((3, 99)))
-    monkeypatch.setattr(_transform, "_warned_version", False)
+    from daifu._runtime import RUNTIME
+
+    monkeypatch.setattr(RUNTIME, "warned_version", False)
     options.strict = False
     with pytest.warns(daifu.UnsupportedPythonWarning, match="Python 3.99"):
         code, report = vaccinate_source("def f():\n    for i in range(2):\n        pass\n",

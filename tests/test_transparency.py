@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 import daifu
-from daifu.cells import _registry
+from daifu import cells as _registry
 from daifu.engine import ENGINE
 from daifu.engine._events import capture
 
@@ -57,7 +57,7 @@ def reload_module(tmp_path, monkeypatch):
     daifu.uninstall()
     for name, path in loaded:
         sys.modules.pop(name, None)
-        _registry._files.pop(str(path), None)
+        _registry.forget(str(path))
 
 
 def test_reload_pairs_functions_by_source_not_by_constant_position(reload_module):

@@ -1,12 +1,40 @@
-"""The bytecode rewrite: vaccinated code objects and their cells."""
+"""The bytecode rewrite: vaccinated code objects and their cells.
 
-from ._cell import Cell, CodeInfo, cells_of, is_vaccinated
-from ._context import FrameContext
+This is the package's face: the engine and the hooks import from here only.
+"""
+
+from ._backend import Backend
+from ._cache import CodeCache, default_directory
+from ._cell import (
+    CONTINUE_CODE,
+    RAISE_CODE,
+    RETRY_CODE,
+    SKIP_CODE,
+    Capabilities,
+    Cell,
+    Clause,
+    CodeInfo,
+    ExceptGuard,
+    FinallyGuard,
+    Guard,
+    OpaqueGuard,
+    Ref,
+    WithGuard,
+    cells_of,
+    is_vaccinated,
+    original_code,
+)
+from ._context import FrameContext, read_locals
 from ._dispatch import backend
+from ._registry import LoadedFile, files, forget, get, record, target_files
+from ._source import ModuleSource, contains, map_statement, source_for_file
 from ._transform import (
     Report,
     Selection,
+    code_pairs,
     options,
+    rewrite_continuation,
+    use_barrier,
     vaccinate_function,
     vaccinate_loaded,
     vaccinate_module,
@@ -14,15 +42,45 @@ from ._transform import (
 )
 
 __all__ = [
+    "CONTINUE_CODE",
+    "RAISE_CODE",
+    "RETRY_CODE",
+    "SKIP_CODE",
+    "Backend",
+    "Capabilities",
     "Cell",
+    "Clause",
+    "CodeCache",
     "CodeInfo",
+    "ExceptGuard",
+    "FinallyGuard",
     "FrameContext",
+    "Guard",
+    "LoadedFile",
+    "ModuleSource",
+    "OpaqueGuard",
+    "Ref",
     "Report",
     "Selection",
+    "WithGuard",
     "backend",
     "cells_of",
+    "code_pairs",
+    "contains",
+    "default_directory",
+    "files",
+    "forget",
+    "get",
     "is_vaccinated",
+    "map_statement",
     "options",
+    "original_code",
+    "read_locals",
+    "record",
+    "rewrite_continuation",
+    "source_for_file",
+    "target_files",
+    "use_barrier",
     "vaccinate_function",
     "vaccinate_loaded",
     "vaccinate_module",

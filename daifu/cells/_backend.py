@@ -73,3 +73,20 @@ class Backend(Protocol):
     def running_function(self, frame: types.FrameType) -> types.FunctionType | None:
         """The function object executing ``frame``, if it can be found."""
         ...
+
+    def returns_truthy(self, code: types.CodeType) -> bool:
+        """Can (unmodified) code return something other than a false constant?"""
+        ...
+
+    def has_except_handler(self, code: types.CodeType) -> bool:
+        """Has (unmodified) code an ``except`` clause?"""
+        ...
+
+    def effects(self, code: types.CodeType, start: int,
+                stop: int) -> list[tuple[str, str, Any]]:
+        """Calls, stores and in-place operations in bytes [start, stop) of code."""
+        ...
+
+    def calls_unpacked(self, code: types.CodeType, offset: int) -> bool:
+        """Is the instruction at byte ``offset`` an ``f(*args, **kw)`` call?"""
+        ...

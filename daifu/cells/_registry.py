@@ -7,10 +7,10 @@ new code, and to vaccinate the new code the same way.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._runtime import RUNTIME
 from ._source import ModuleSource
 
 if TYPE_CHECKING:
@@ -34,20 +34,27 @@ class LoadedFile:
         return self._msrc
 
 
-_lock = threading.Lock()
-_files: dict[str, LoadedFile] = {}
-
-
 def record(filename: str, module: str | None, selection: Selection, source: str,
            msrc: ModuleSource | None = None) -> None:
-    with _lock:
-        _files[filename] = LoadedFile(filename, module, selection, source, msrc)
+    with RUNTIME.files_lock:
+        RUNTIME.files[filename] = LoadedFile(filename, module, selection, source, msrc)
 
 
 def get(filename: str) -> LoadedFile | None:
-    return _files.get(filename)
+    return RUNTIME.files.get(filename)
 
 
 def files() -> list[LoadedFile]:
-    with _lock:
-        return list(_files.values())
+    with RUNTIME.files_lock:
+        return list(RUNTIME.files.values())
+
+
+def forget(filename: str) -> None:
+    """Stop treating ``filename`` as vaccinated (tests that unload a module)."""
+    with RUNTIME.files_lock:
+        RUNTIME.files.pop(filename, None)
+
+
+def target_files() -> dict[str, LoadedFile]:
+    """The files with vaccinated code (a live mapping: ``name in target_files()``)."""
+    return RUNTIME.files

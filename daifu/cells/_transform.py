@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
+from .._runtime import RUNTIME
 from . import _registry
 from ._backend import Backend
 from ._cell import CodeInfo, is_vaccinated
@@ -59,18 +60,15 @@ class Selection:
                 if has_loop(scope):
                     return True
             elif fnmatchcase(qual, qual_pat):
-                MATCHED.add(pattern)
+                RUNTIME.matched_entries.add(pattern)
                 return True
         return False
 
     def unmatched(self) -> list[str]:
         """The name patterns of ``entries`` that no function matched so far."""
         return [p for p in self.entries
-                if p.rpartition(":")[2] not in ("*", "**", "<module>") and p not in MATCHED]
-
-
-#: ``DAIFU_ENTRY`` name patterns that selected at least one function
-MATCHED: set[str] = set()
+                if p.rpartition(":")[2] not in ("*", "**", "<module>")
+                and p not in RUNTIME.matched_entries]
 
 
 @dataclass
@@ -92,17 +90,34 @@ class _Options:
     dump: str | None = None  # "-" for stderr, or a file path
     cache = None  # a _cache.CodeCache, or None: no cache
 
+    def reset(self) -> None:
+        self.strict, self.dump, self.cache = False, None, None
+
 
 options = _Options()
-_warned_version = False
+RUNTIME.on_reset(options.reset)
 
 
-def _hooks():
-    """The engine functions the rewritten code calls (imported lazily: the
-    cells package does not depend on the engine at import time)."""
-    from ..engine import _barrier
+class _Hooks:
+    """The engine functions the rewritten code calls; the engine provides them
+    when it is imported (``use_barrier``): the cells package never imports the
+    engine."""
 
-    return _barrier
+    barrier: Callable | None = None
+
+
+HOOKS = _Hooks()
+
+
+def use_barrier(barrier: Callable) -> None:
+    """The function the stubs call at an exception (``engine._barrier.barrier``)."""
+    HOOKS.barrier = barrier
+
+
+def _hooks() -> _Hooks:
+    if HOOKS.barrier is None:  # pragma: no cover - daifu/__init__ imports the engine
+        from .. import engine  # noqa: F401 - registers its barrier
+    return HOOKS
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
@@ -118,7 +133,6 @@ def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None
 
 
 def _check_version(report: Report) -> Backend | None:
-    global _warned_version
     module, reason = backend()
     if module is None:
         report.skipped.append(("*", reason or "unsupported Python"))
@@ -126,8 +140,8 @@ def _check_version(report: Report) -> Backend | None:
         if options.strict:
             raise TransformError(reason or "unsupported Python", filename=report.filename,
                                  reason=reason or "")
-        if not _warned_version:
-            _warned_version = True
+        if not RUNTIME.warned_version:
+            RUNTIME.warned_version = True
             warnings.warn(f"daifu: {reason}", UnsupportedPythonWarning, stacklevel=4)
     return module
 
@@ -352,6 +366,17 @@ def vaccinate_loaded(module: types.ModuleType, selection: Selection) -> Report |
     return report
 
 
+def rewrite_continuation(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
+                         children: dict, spec) -> types.CodeType:
+    """The *continuation* of new code (see the backend's ``Continuation``):
+    entered at ``spec.stmt`` with the crashed frame's variables and stack.
+    Raises the backend's ``Unsupported`` if there is no such place."""
+    back, reason = backend()
+    if back is None:
+        raise RuntimeError(reason)
+    return back.rewrite(code, info, msrc, scope, _hooks(), children, continuation=spec)
+
+
 def code_pairs(plain: types.CodeType, live: types.CodeType
                ) -> list[tuple[types.CodeType, types.CodeType]]:
     """Pair every code object nested in ``plain`` (a module compiled from
@@ -384,6 +409,4 @@ def code_pairs(plain: types.CodeType, live: types.CodeType
 
 
 def _register(filename: str) -> None:
-    from ..engine._engine import ENGINE
-
-    ENGINE.target_files.add(filename)
+    """(Kept for the call sites: the registry's files are the target files.)"""

@@ -1,11 +1,19 @@
 """The runtime: crash barrier entry points, the engine, patches and rules."""
 
+from .. import cells as _cells
+from .._runtime import RUNTIME
+from . import _barrier
 from ._crash import Crash
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._engine import ENGINE, Engine
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._replace import replace
 from ._rules import Rule, RuleBook
+
+# the stubs of vaccinated code call the barrier; the engine's state resets with
+# the runtime's
+_cells.use_barrier(_barrier.barrier)
+RUNTIME.on_reset(ENGINE.reset)
 
 __all__ = [
     "ABORT",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cells._cell import RAISE_CODE, Cell
+from ..cells import RAISE_CODE, Cell
 from ._engine import ENGINE
 
 

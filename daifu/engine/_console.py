@@ -19,6 +19,7 @@ import traceback
 from typing import IO, TYPE_CHECKING, Any
 
 from .._errors import PatchError
+from .._runtime import RUNTIME
 from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
@@ -269,7 +270,6 @@ class Console(cmd.Cmd):
 
 HISTORY = "~/.daifu_history"
 HISTORY_LENGTH = 1000
-_history_read = False  # read once per process: every console appends to it
 
 
 def run_local(crash: Crash, engine: Engine) -> Console:
@@ -279,7 +279,6 @@ def run_local(crash: Crash, engine: Engine) -> Console:
     (``python -m daifu train.py > train.log``), the report and the prompt go
     to stderr and commands are read from stdin (without line editing), so the
     job does not look hung and the log file gets none of it."""
-    global _history_read
     if not _isatty(sys.stdout):
         console = Console(crash, engine, stdin=sys.stdin, stdout=sys.stderr, origin="console")
         return _loop(console, crash)
@@ -290,8 +289,8 @@ def run_local(crash: Crash, engine: Engine) -> Console:
 
         readline.set_completer_delims(" \t\n`~!@#$%^&*()-=+[{]}\\|;:'\",<>/?")
         readline.set_history_length(HISTORY_LENGTH)  # the file is capped when written
-        if not _history_read:
-            _history_read = True
+        if not RUNTIME.history_read:  # once per process: every console appends to it
+            RUNTIME.history_read = True
             try:
                 readline.read_history_file(history)
             except OSError:

@@ -7,8 +7,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from .._errors import PatchError
-from ..cells._cell import Capabilities, Cell
-from ..cells._context import FrameContext, read_locals
+from ..cells import Capabilities, Cell, FrameContext, read_locals
 
 if TYPE_CHECKING:
     from ._engine import Engine

@@ -30,16 +30,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PatchError
-from ..cells._cell import (
+from ..cells import (
     CONTINUE_CODE,
     RAISE_CODE,
     RETRY_CODE,
     SKIP_CODE,
     Cell,
+    backend,
     cells_of,
+    read_locals,
+    target_files,
 )
-from ..cells._context import read_locals
-from ..cells._dispatch import backend
 from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._events import (
@@ -149,8 +150,6 @@ class Engine:
     def __init__(self) -> None:
         self.rules = RuleBook()
         self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
-        #: files whose frames are examined for handlers that would catch a crash
-        self.target_files: set[str] = set()
         #: interactive patch sources (console, remote attach) -- consulted
         #: after the rules; each has ``wait(crash, engine) -> str | None`` (why it
         #: stopped waiting without a decision)
@@ -198,7 +197,7 @@ class Engine:
             return False  # nothing to do here: let the next vaccinated caller try
         exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
         return not (would_catch(cell.guards, exc, frame, exits)
-                    or handled_above(frame, exc, self.target_files))
+                    or handled_above(frame, exc, target_files()))
 
     def summary(self, fatal: BaseException | None = None):
         """The run's ``RunSummary`` (``fatal``: the exception the program dies
@@ -477,7 +476,9 @@ class Engine:
             pass
 
     def reset(self) -> None:
-        """Forget rules, queued patches and state (tests)."""
+        """Forget rules, retries, give-ups, waiters, counters, journal and
+        replay (part of ``RUNTIME.reset()``)."""
+        self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
         self.rules.clear()
         self._pending.clear()
         self.gave_up.clear()

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, cast
 
+from .._runtime import RUNTIME
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 @dataclass(frozen=True)
@@ -222,6 +224,14 @@ def configure(stream: IO[str] | None = None, level: str = "info",
     with _lock:
         _sink = _Sink(stream if stream is not None else _CurrentStderr(),
                       LEVELS.get(level, LEVELS["info"]), json)
+
+
+def _reset() -> None:
+    configure()
+    _pinned.clear()
+
+
+RUNTIME.on_reset(_reset)
 
 
 def _is_tty(stream: Any) -> bool:

@@ -28,15 +28,15 @@ callers outside the target files.
 from __future__ import annotations
 
 import contextlib
-import dis
 import inspect
 import sys
 import threading
 import types
+from collections.abc import Container
 from functools import lru_cache
 from typing import Any
 
-from ..cells._cell import (
+from ..cells import (
     Cell,
     CodeInfo,
     ExceptGuard,
@@ -45,15 +45,16 @@ from ..cells._cell import (
     OpaqueGuard,
     Ref,
     WithGuard,
+    backend,
     cells_of,
     original_code,
+    read_locals,
+    source_for_file,
 )
-from ..cells._context import read_locals
-from ..cells._dispatch import backend
-from ..cells._source import source_for_file
 
 _UNKNOWN = object()
-_CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200
+_CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+                      | inspect.CO_ASYNC_GENERATOR)
 
 
 # -- reading expressions without side effects ----------------------------------------
@@ -186,19 +187,10 @@ def _exit_may_suppress(exit_fn: Any) -> bool | None:
     code = getattr(exit_fn, "__code__", None)
     if code is None:
         return False
-    return None if _returns_truthy(original_code(code)) else False
-
-
-@lru_cache(maxsize=512)
-def _returns_truthy(code: types.CodeType) -> bool:
-    previous = None
-    for ins in dis.get_instructions(code):
-        if ins.opname == "RETURN_VALUE":
-            if previous is None or previous.opname != "LOAD_CONST" or previous.argval:
-                return True
-        if ins.opname not in ("CACHE", "EXTENDED_ARG"):
-            previous = ins
-    return False
+    back, _ = backend()
+    if back is None:
+        return None
+    return None if back.returns_truthy(original_code(code)) else False
 
 
 def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bool | None:
@@ -220,22 +212,13 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
             return None  # its callbacks are not known until it runs
         return _exit_may_suppress(inspect.getattr_static(value, "__exit__", None))
     wrapped = getattr(value, "__wrapped__", None)
-    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & 0x20:
+    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & inspect.CO_GENERATOR:
         # @contextmanager factory: may swallow only if the generator catches
-        return None if _has_except_handler(original_code(wrapped.__code__)) else False
+        back, _ = backend()
+        if back is None or back.has_except_handler(original_code(wrapped.__code__)):
+            return None
+        return False
     return False  # a factory function or builtin (open, ...): assumed not to suppress
-
-
-@lru_cache(maxsize=512)
-def _has_except_handler(code: types.CodeType) -> bool:
-    """Any ``except`` clause (typed or bare) in the code?"""
-    instrs = list(dis.get_instructions(code))
-    for ins, nxt in zip(instrs, instrs[1:]):
-        if ins.opname in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
-            return True
-        if ins.opname == "PUSH_EXC_INFO" and nxt.opname == "POP_TOP":
-            return True
-    return False
 
 
 # -- the decision ---------------------------------------------------------------------
@@ -284,7 +267,7 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
 _seen = threading.local()  # .caught: (id(exc), id(frame), code) of the last sure catch
 
 
-def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str]) -> bool:
+def handled_above(frame: types.FrameType, exc: BaseException, targets: Container[str]) -> bool:
     """True if a caller would catch the exception -- or might, and a vaccinated
     caller reachable through target-file frames only will see it if nothing
     does (its barrier then decides with full knowledge).
@@ -324,7 +307,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: set[str])
     return False
 
 
-_CO_COROUTINE = 0x80
+_CO_COROUTINE = inspect.CO_COROUTINE
 
 
 def _exception_path(frame: types.FrameType):
@@ -421,13 +404,8 @@ def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bo
         return False  # resumed by next(): no C code that catches (but StopIteration)
     if not back.called_from_c(frame):
         return False
-    op = _opname_at(caller.f_code, caller.f_lasti)
-    return op != "CALL_FUNCTION_EX"  # f(*args, **kw) goes through C but catches nothing
-
-
-def _opname_at(code: types.CodeType, offset: int) -> str:
-    raw = code.co_code  # the unquickened instructions: base opcodes
-    return dis.opname[raw[offset]] if 0 <= offset < len(raw) else ""
+    # f(*args, **kw) goes through C but catches nothing
+    return not back.calls_unpacked(caller.f_code, caller.f_lasti)
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:

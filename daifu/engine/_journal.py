@@ -21,9 +21,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import cells as _registry  # (the loaded-files registry: get, files, record)
 from .._errors import DaifuWarning
 from .._private import check_private, open_private
-from ..cells import _registry
 from ._crash import exception_text
 from ._decision import Decision
 from ._events import Event, emit

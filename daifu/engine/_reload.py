@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import gc
+import inspect
 import linecache
 import os
 import sys
@@ -28,13 +29,19 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import cells as _registry  # (the loaded-files registry: get, files, record)
 from .._errors import PatchError
-from ..cells import _registry
-from ..cells._cell import CodeInfo, original_code
-from ..cells._context import read_locals
-from ..cells._dispatch import backend
-from ..cells._source import ModuleSource, map_statement
-from ..cells._transform import code_pairs, vaccinate_module
+from ..cells import (
+    CodeInfo,
+    ModuleSource,
+    backend,
+    code_pairs,
+    map_statement,
+    original_code,
+    read_locals,
+    rewrite_continuation,
+    vaccinate_module,
+)
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -83,7 +90,7 @@ class _File:
     #: to install is vaccinated where the module is
     defs: dict[str, list[tuple[types.CodeType, types.CodeType]]]
     children: dict[int, types.CodeType]  # id(plain code) -> vaccinated code
-    loaded: Any  # cells._registry.LoadedFile | None
+    loaded: Any  # cells.LoadedFile | None
 
     def find(self, qualname: str, firstlineno: int) -> tuple[types.CodeType, types.CodeType] | \
             str | None:
@@ -340,7 +347,8 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
         raise PatchError(f"reload: {reason}")
     frame = crash.frame
     code = frame.f_code
-    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                        | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise PatchError("reload: the crashed function is a generator or coroutine; its running "
                          "call cannot switch to new code (nothing was changed)")
     if f.loaded is None:
@@ -370,37 +378,24 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     spec = back.Continuation(stmt=new_stmt, role=cell.role, nstack=cell.depth, unbound=UNBOUND)
     info = CodeInfo(new_plain.co_qualname, new_plain.co_filename, new_plain.co_firstlineno,
                     f.loaded.module, original=new_plain)
-    from ..cells._transform import _hooks
-
     try:
-        cont = back.rewrite(new_plain, info, f.msrc, new_scope, _hooks(),
-                            {k: v for k, v in f.children.items()}, continuation=spec)
+        cont = rewrite_continuation(new_plain, info, f.msrc, new_scope, dict(f.children), spec)
     except back.Unsupported as exc:
         raise PatchError(f"reload: cannot continue {code.co_qualname}() in the new code: {exc} "
                          "(nothing was changed)") from None
     stack = tuple(crash.stack)
     if len(stack) != cell.depth:
         raise PatchError("reload: the crashed frame's stack could not be captured")
-    if not code.co_flags & 0x1:  # module-level code: variables are the globals
+    if not code.co_flags & inspect.CO_OPTIMIZED:  # module-level code: variables are globals
         g = frame.f_globals
-        for name, value in zip(spec.stack_params, stack):
-            g[name] = value
+        g.update(spec.module_globals(stack))
         return exec, (cont, g), getattr(new_stmt, "lineno", 0)
     func = back.running_function(frame)
     if func is None:
         raise PatchError("reload: the running function object could not be found")
     if func.__code__.co_freevars != cont.co_freevars:
         raise PatchError("reload: the running function's closure variables changed")
-    snapshot = read_locals(frame)
-    args = []
-    cells = {hidden: var for hidden, var in spec.cell_params.items()}
-    for name in spec.params:
-        if name in cells:
-            args.append(snapshot.get(cells[name], UNBOUND))
-        elif name.startswith(".daifu_stack"):
-            args.append(stack[int(name[len(".daifu_stack"):])])
-        else:
-            args.append(snapshot.get(name, UNBOUND))
+    args = spec.arguments(read_locals(frame), stack)
     fn = types.FunctionType(cont, frame.f_globals, func.__name__, None, func.__closure__)
     fn.__qualname__ = func.__qualname__
-    return fn, tuple(args), getattr(new_stmt, "lineno", 0)
+    return fn, args, getattr(new_stmt, "lineno", 0)

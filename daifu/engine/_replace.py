@@ -8,7 +8,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DaifuWarning, PatchError
-from ..cells._cell import is_vaccinated
+from ..cells import is_vaccinated
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -54,7 +54,7 @@ def apply_replace(target: Any, new: Any, crash: Crash | None) -> None:
             "match (define the replacement inside the same enclosing function, or replace that)"
         )
     if is_vaccinated(old_code) and not is_vaccinated(new_code):
-        from ..cells._transform import vaccinate_function
+        from ..cells import vaccinate_function
 
         probe = types.FunctionType(new_code, nf.__globals__, nf.__name__, nf.__defaults__,
                                    nf.__closure__)

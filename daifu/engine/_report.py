@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dis
 import linecache
 import reprlib
 import traceback
@@ -198,13 +197,13 @@ def done_before(crash: Crash) -> list[str]:
 
 
 def _done_before(code: types.CodeType, lasti: int) -> list[str]:
-    from ..cells._cell import cells_of
+    from ..cells import cells_of
     from ._guards import cell_range
 
     info = cells_of(code)
     if info is None:
         return []
-    from ..cells._dispatch import backend
+    from ..cells import backend
 
     back, _ = backend()
     if back is None:
@@ -215,19 +214,16 @@ def _done_before(code: types.CodeType, lasti: int) -> list[str]:
         return []
     start = found[0]  # of the run (original or retry copy) that contains lasti
     effects = []
-    for ins in dis.get_instructions(code):
-        if ins.offset < start or ins.offset >= offset:
-            continue
-        pos = ins.positions
+    for kind, detail, pos in back.effects(code, start, offset):
         text = _source_at(code.co_filename, pos)
-        if ins.opname == "CALL":
+        if kind == "call":
             name = text.split("(")[0].rsplit(".", 1)[-1] if text else ""
             kind = "mutating call" if name in _MUTATING_METHODS or name.endswith("_") else "call"
             effects.append(f"{kind}: {text}" if text else kind)
-        elif ins.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "DELETE_ATTR"):
+        elif kind == "store":
             effects.append(f"store: {text}" if text else "store")
-        elif ins.opname == "BINARY_OP" and "=" in ins.argrepr:
-            effects.append(f"in-place {ins.argrepr}: {text}" if text else "in-place op")
+        elif kind == "in-place":
+            effects.append(f"in-place {detail}: {text}" if text else "in-place op")
     return effects
 
 

@@ -104,7 +104,7 @@ def _show(path: str) -> int:
 def doctor(args: list[str]) -> int:
     """Check what daifu needs; exit 1 if something would keep it from working."""
     from .. import __version__
-    from ..cells._dispatch import backend
+    from ..cells import backend
 
     problems = 0
 
@@ -135,7 +135,7 @@ def doctor(args: list[str]) -> int:
     size = sum(e.stat(follow_symlinks=False).st_size for e in found)
     check(True, "journals", f"{len(found)} in {default_directory()} ({size / 1e6:.1f} MB)")
     from .._private import check_private
-    from ..cells._cache import default_directory as cache_directory
+    from ..cells import default_directory as cache_directory
 
     cache = cache_directory()
     if os.path.isdir(cache):

@@ -124,7 +124,7 @@ class Config:
         written.  ``0``: no cache.  Anything else: that directory."""
         import sys
 
-        from ..cells._cache import CodeCache, default_directory
+        from ..cells import CodeCache, default_directory
 
         value = self.cache.lower()
         if value in ("0", "false", "no", "off"):

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
+from .._runtime import RUNTIME
 from ..engine._crash import is_plumbing
 from . import _logging
 from ._config import Config, parse_wait
@@ -221,17 +222,13 @@ def main(argv: list[str] | None = None) -> None:
         _run_script(script, args, cfg)
 
 
-_summarised = False
-
-
 def _summary(fatal: BaseException | None = None) -> None:
     """Say what daifu did, once: before the traceback of an exception the
     program dies of (so that the program's own last line stays last), or at
     exit."""
-    global _summarised
-    if _summarised:
+    if RUNTIME.summarised:
         return
-    _summarised = True
+    RUNTIME.summarised = True
     from ..engine import ENGINE
     from ..engine._events import emit
 
