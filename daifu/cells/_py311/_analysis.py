@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
 
-from ._ops import _TERMINAL, Unsupported, _int_arg, _label_arg, _Op
+from ._ops import _TERMINAL, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
 
 
 def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
@@ -44,29 +44,34 @@ def _effect(instr: Instr, jump: bool) -> int:
 
 
 def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
-    """Fill ``op.depth`` (stack depth before each instruction); return the max."""
+    """Fill ``op.depth`` (stack depth before each instruction) and ``op.nulls``
+    (the slots that may hold NULL then); return the max depth."""
     if not ops:
         raise Unsupported("empty code")
     for op in ops:
         op.depth = None
+        op.nulls = 0
     peak = 0
 
-    def flow(i: int, depth: int) -> None:
+    def flow(i: int, depth: int, nulls: int) -> None:
         nonlocal peak
         if i >= len(ops):
             raise Unsupported("control flow falls off the end of the code")
         if depth < 0:
             raise Unsupported(f"negative stack depth at instruction {i}")
-        known = ops[i].depth
-        if known is None:
-            ops[i].depth = depth
+        op = ops[i]
+        if op.depth is None:
+            op.depth, op.nulls = depth, nulls
             peak = max(peak, depth)
             work.append(i)
-        elif known != depth:
-            raise Unsupported(f"inconsistent stack depth at instruction {i}: {known} != {depth}")
+        elif op.depth != depth:
+            raise Unsupported(f"inconsistent stack depth at instruction {i}: {op.depth} != {depth}")
+        elif nulls & ~op.nulls:  # a NULL that arrives another way: look again
+            op.nulls |= nulls
+            work.append(i)
 
     work: list[int] = []
-    flow(0, 0)
+    flow(0, 0, 0)
     while work:
         i = work.pop()
         op = ops[i]
@@ -75,16 +80,36 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
         instr = op.instr
         if op.entry is not None:
             target, lasti, edepth = op.entry
-            flow(label_at[target], edepth + int(lasti) + 1)
+            flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
         if instr.has_jump():
             after = depth + _effect(instr, True)
             peak = max(peak, after, depth + max(0, _effect(instr, True)))
-            flow(label_at[_label_arg(instr)], after)
+            flow(label_at[_label_arg(instr)], after, _nulls_after(instr, depth, op.nulls, True))
         if instr.name not in _TERMINAL:
             after = depth + _effect(instr, False)
             peak = max(peak, after)
-            flow(i + 1, after)
+            flow(i + 1, after, _nulls_after(instr, depth, op.nulls, False))
     return peak
+
+
+def _nulls_after(instr: Instr, depth: int, nulls: int, jump: bool) -> int:
+    """The may-be-NULL slots after the instruction (see ``_pushed_nulls``)."""
+    name = instr.name
+    if name == "SWAP":
+        a, b = depth - 1, depth - _int_arg(instr)
+        bit_a, bit_b = (nulls >> a) & 1, (nulls >> b) & 1
+        return (nulls & ~((1 << a) | (1 << b))) | (bit_a << b) | (bit_b << a)
+    if name == "COPY":
+        return nulls | (((nulls >> (depth - _int_arg(instr))) & 1) << depth)
+    if instr.name == "RETURN_GENERATOR":
+        return 0
+    if instr.has_jump():
+        pre, effect = instr.pre_and_post_stack_effect(jump=jump)[0], _effect(instr, jump)
+    else:
+        pre, effect = instr.pre_and_post_stack_effect()[0], _effect(instr, False)
+    pops = -min(pre, 0)  # (bytecode reports a pure push as a positive "pre")
+    kept, pushes = depth - pops, effect + pops
+    return (nulls & ((1 << kept) - 1)) | ((_pushed_nulls(instr) & ((1 << pushes) - 1)) << kept)
 
 
 def _touch(instr: Instr, depth: int) -> int:

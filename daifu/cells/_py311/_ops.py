@@ -103,6 +103,8 @@ class _Op:
     instr: Instr
     entry: EntryKey | None
     depth: int | None = None
+    #: bit k set: stack slot k may hold NULL before the instruction
+    nulls: int = 0
 
 
 def _location(instr: Instr) -> tuple:
@@ -110,3 +112,18 @@ def _location(instr: Instr) -> tuple:
     if loc is None:
         return (None, None, None, None)
     return (loc.lineno, loc.end_lineno, loc.col_offset, loc.end_col_offset)
+
+
+def _pushed_nulls(instr: Instr) -> int:
+    """Which of the values the instruction pushes may be NULL (bit 0: the
+    first pushed).  3.11: ``PUSH_NULL``; ``LOAD_GLOBAL`` with its NULL flag
+    pushes NULL then the global; ``LOAD_METHOD`` NULL-or-method then the
+    attribute-or-self."""
+    name = instr.name
+    if name == "PUSH_NULL":
+        return 1
+    if name == "LOAD_GLOBAL":
+        return 1 if cast("tuple[bool, str]", instr.arg)[0] else 0
+    if name == "LOAD_METHOD":
+        return 1
+    return 0

@@ -62,7 +62,10 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
             if run is not None:
                 runs.append(run)
                 run = None
-            if touch >= depth and (op.entry is None or op.entry[2] <= depth):
+            if touch >= depth and (op.entry is None or op.entry[2] <= depth) \
+                    and not op.nulls & ((1 << depth) - 1):
+                # (the stub hands every value below the base to the engine:
+                # none of them may be a NULL of a call being set up)
                 run = _Run(start=i, base=depth, stmt=stmt, entry=op.entry, stop=i + 1)
         if run is not None:
             runs.append(run)

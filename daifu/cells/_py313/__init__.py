@@ -1,0 +1,262 @@
+"""Bytecode rewrite for CPython 3.13 (the "in-frame barrier").
+
+Nothing is added to the normal execution path.  For every *cell* (a run of one
+statement's instructions that can be re-executed from its start) the rewrite
+
+* points the exception table of the cell's instructions at a per-cell *stub*
+  appended to the code, with the cell's base stack depth and ``lasti`` pushed.
+  CPython then unwinds only to that depth: outer loop iterators, ``with``
+  exits and ``except`` state stay on the value stack, the frame stays alive;
+* the stub calls the engine's barrier ``barrier(exc, cell, lasti, stackvals)``
+  while the frame is suspended and dispatches on its answer (``_cell``'s
+  ``*_CODE``): retry, skip, continue, new code; anything else re-raises.  The
+  re-raise is a ``RERAISE 1`` covered by the exception-table entry the
+  instruction originally had, so the user's handlers, ``with`` exits and
+  ``finally`` blocks run exactly as before, with the original traceback and
+  ``f_lasti``;
+* (3.13) conditional jumps only go forward: retry copies leave through small
+  trampolines; an exhausted ``FOR_ITER`` skips the ``END_FOR``/``POP_TOP`` it
+  targets, which the skip and the trampolines account for;
+* retry jumps to a *copy* of the cell, appended too: a retried statement that
+  fails again has its ``lasti`` in the copy, which is how the engine counts
+  attempts without any cost when nothing crashed;
+* the engine runs with the program's tracer and profiler suspended (the stub
+  switches them off around the barrier call with builtins, which create no
+  frames), and daifu's instructions carry no line numbers: a debugger,
+  coverage or a profiler sees no event of daifu's.
+
+Only CPython 3.13 is handled here; ``_dispatch`` refuses other versions.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+from bytecode import Bytecode, Instr, Label
+
+from .._cell import Cell, CodeInfo, WithGuard
+from .._source import ModuleSource
+from ._analysis import _analyse_depths, _flatten
+from ._assemble import _as_ops, _with_try_blocks, cell_ranges, lasti_offset
+from ._emit import (
+    Continuation,
+    _emit_continuation_prologue,
+    _emit_copy,
+    _emit_stub,
+    _Item,
+)
+from ._frames import called_from_c, read_locals, running_function, write_locals
+from ._handlers import (
+    calls_unpacked,
+    chain_for_code,
+    effects,
+    handler_chain,
+    has_except_handler,
+    returns_truthy,
+)
+from ._ops import NothingToProtect, Unsupported, _location, _Op
+from ._runs import (
+    _build_runs,
+    _drop_implicit_returns,
+    _exits,
+    _plan_continue,
+    _plan_skip,
+    _role,
+    _Run,
+)
+
+PYTHON = (3, 13)
+
+__all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
+           "calls_unpacked", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
+           "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
+           "write_locals"]
+
+
+@dataclass
+class Plan:
+    """What ``plan`` decided for one code object: its decoded instructions with
+    their stack depths, the runs (each with its ``Cell``), and the labels the
+    emitted jumps need."""
+
+    code: types.CodeType
+    bc: Bytecode
+    ops: list[_Op]
+    label_at: dict[Label, int]
+    runs: list[_Run]
+    label_of: dict[int, Label] = field(default_factory=dict)
+    labels_at: dict[int, list[Label]] = field(default_factory=dict)
+
+    def label_for(self, i: int) -> Label:
+        """The label of instruction ``i`` (made if nothing jumped there before)."""
+        if i not in self.label_of:
+            self.label_of[i] = Label()
+        return self.label_of[i]
+
+
+def rewrite(
+    code: types.CodeType,
+    info: CodeInfo,
+    msrc: ModuleSource,
+    scope,
+    hooks,
+    replace_consts: dict | None = None,
+    continuation: Continuation | None = None,
+) -> types.CodeType:
+    """Rewrite one code object; raise ``Unsupported`` if it cannot be done.
+
+    ``hooks`` provides ``barrier`` (the engine function the stubs call);
+    ``continuation`` asks for the continuation variant (see ``Continuation``)."""
+    planned = plan(code, info, msrc, scope, replace_consts, continuation)
+    return assemble(planned, emit(planned, hooks, continuation))
+
+
+def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
+         replace_consts: dict | None = None, continuation: Continuation | None = None) -> Plan:
+    """Decode, analyse, and cut the code into cells (appended to ``info.cells``)."""
+    if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
+        raise Unsupported("async functions and async generators are not vaccinated yet")
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    if continuation is not None:
+        _checked_loads(bc)
+    ops, label_at = _flatten(bc)
+    if replace_consts:
+        for op in ops:
+            if op.instr.name == "LOAD_CONST" and isinstance(op.instr.arg, types.CodeType):
+                new = replace_consts.get(id(op.instr.arg))
+                if new is not None:
+                    op.instr.arg = new
+    _analyse_depths(ops, label_at)
+
+    index = msrc.statements(scope)
+    stmts = [index.lookup(_location(op.instr)) if op.instr.location else None for op in ops]
+    _drop_implicit_returns(ops, stmts)
+    runs = _build_runs(ops, label_at, stmts)
+    if not runs:
+        if all(stmt is None for stmt in stmts):
+            raise NothingToProtect("no statements")
+        raise Unsupported("no statement could be made recoverable")
+    p = Plan(code, bc, ops, label_at, runs)
+    for label, i in label_at.items():
+        p.label_of.setdefault(i, label)
+        p.labels_at.setdefault(i, []).append(label)
+    for run in runs:
+        run.role = _role(run, ops)
+    if continuation is not None:
+        target = next((r for r in runs if r.stmt is continuation.stmt
+                       and r.role == continuation.role and r.base == continuation.nstack), None)
+        if target is None:
+            raise Unsupported(
+                "the new code has no place to continue at: the failing statement's loops, "
+                "with and try blocks must keep their structure")
+        continuation.target = p.label_for(target.start)
+    headers = {id(r.stmt): r for r in runs if r.role == "loop-header"}
+    for n, run in enumerate(runs):
+        run.cell = _cell(run, n, p, headers, info, msrc)
+        info.cells.append(run.cell)
+        if run.skip_target is not None:
+            p.label_for(run.skip_target)
+        if run.continue_target is not None:
+            p.label_for(run.continue_target)
+        for _, t, _ in _exits(run, ops, label_at):
+            p.label_for(t)
+            if ops[t].instr.name == "END_FOR":  # where an exhausted FOR_ITER goes on
+                p.label_for(t + 2)
+    return p
+
+
+def _checked_loads(bc: Bytecode) -> None:
+    """A continuation enters the code in the middle, where variables the
+    compiler knows to be bound may not be: every ``LOAD_FAST`` (which does not
+    check, in 3.12+) becomes ``LOAD_FAST_CHECK``, superinstructions split."""
+    out: list = []
+    for item in bc:
+        name = getattr(item, "name", None)
+        if name == "LOAD_FAST":
+            item = Instr("LOAD_FAST_CHECK", item.arg, location=item.location)
+        elif name in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"):
+            first, second = item.arg
+            kinds = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST_CHECK", "LOAD_FAST_CHECK"),
+                     "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST_CHECK"),
+                     "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}[name]
+            out += [Instr(kinds[0], first, location=item.location),
+                    Instr(kinds[1], second, location=item.location)]
+            continue
+        out.append(item)
+    bc[:] = out
+
+
+def _cell(run: _Run, n: int, p: Plan, headers: dict, info: CodeInfo,
+          msrc: ModuleSource) -> Cell:
+    role = run.role
+    skip_reason, skip_effect = _plan_skip(run, role, p.ops, p.label_at)
+    continue_reason = _plan_continue(run, headers, msrc)
+    guards = handler_chain(p.ops, p.label_at, run.entry, msrc, p.code)
+    _line, _end_line, col, end_col = _location(p.ops[run.start].instr)
+    stmt = run.stmt
+    return Cell(
+        info=info,
+        index=n,
+        lineno=stmt.lineno,
+        end_lineno=stmt.end_lineno,
+        col=getattr(stmt, "col_offset", col),
+        end_col=getattr(stmt, "end_col_offset", end_col),
+        stmt=type(stmt).__name__,
+        role=role,
+        source=msrc.text(stmt),
+        retry_reason="a raise statement always raises" if role == "raise" else None,
+        skip_reason=skip_reason,
+        skip_effect=skip_effect,
+        guards=guards,
+        continue_reason=continue_reason,
+        with_slots=tuple(g.slot for g in guards if isinstance(g, WithGuard)),
+        iterator_slot=run.base - 1 if role == "loop-header" else None,
+        depth=run.base,
+        cases=msrc.cases(stmt) if role == "match" else (),
+    )
+
+
+def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item]:
+    """The new instruction stream: the original code with the cells pointed at
+    their stubs, then the retry copies and the stubs (and a continuation's
+    prologue)."""
+    owner: dict[int, _Run] = {}
+    for run in p.runs:
+        for i in range(run.start, run.stop):
+            owner[i] = run
+    items: list[_Item] = []
+    for i, op in enumerate(p.ops):
+        if i in p.label_of:
+            items.append(_Item(label=p.label_of[i]))
+        for extra in p.labels_at.get(i, ()):
+            if extra is not p.label_of.get(i):
+                items.append(_Item(label=extra))
+        owner_run = owner.get(i)
+        key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
+        items.append(_Item(op.instr, key))
+    for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
+        items.append(_Item(label=lb))
+    generator = bool(p.code.co_flags & 0x20)
+    for run in p.runs:
+        _emit_copy(items, run, p.ops, p.label_at, p.label_for)
+    for run in p.runs:
+        _emit_stub(items, run, p.ops, p.label_for, hooks, generator)
+    if continuation is not None:
+        _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
+    return items
+
+
+def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
+    """A code object from the emitted items, stack depths computed here (the
+    ``bytecode`` library gets those of the stub entries wrong)."""
+    final_ops, final_labels = _as_ops(items)
+    stacksize = _analyse_depths(final_ops, final_labels)
+    out = p.bc.copy()
+    out.clear()
+    out.extend(_with_try_blocks(items))
+    try:
+        return out.to_code(stacksize=max(stacksize, p.code.co_stacksize),
+                           compute_exception_stack_depths=False)
+    except Exception as exc:  # bytecode refused what we built: a daifu bug
+        raise Unsupported(f"bytecode assembly failed: {exc}") from exc

@@ -1,0 +1,137 @@
+"""Decoding a code object and the value-stack depth before every instruction."""
+
+from __future__ import annotations
+
+from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
+
+from ._ops import _TERMINAL, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
+
+
+def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
+    ops: list[_Op] = []
+    label_at: dict[Label, int] = {}
+    pending: list[Label] = []
+    current: TryBegin | None = None
+    for item in bc:
+        if isinstance(item, Label):
+            pending.append(item)
+        elif isinstance(item, TryBegin):
+            current = item
+        elif isinstance(item, TryEnd):
+            if item.entry is current:
+                current = None
+        elif isinstance(item, Instr):
+            for label in pending:
+                label_at[label] = len(ops)
+            pending.clear()
+            key = None
+            if current is not None:
+                if not isinstance(current.stack_depth, int):
+                    raise Unsupported("exception table entry without a stack depth")
+                key = (current.target, bool(current.push_lasti), current.stack_depth)
+            ops.append(_Op(item, key))
+        else:
+            raise Unsupported(f"unexpected bytecode item {item!r}")
+    for label in pending:
+        label_at[label] = len(ops)
+    return ops, label_at
+
+
+def _effect(instr: Instr, jump: bool) -> int:
+    if instr.name == "RETURN_GENERATOR":
+        return 1  # on resumption the sent value is on the stack (popped next)
+    return instr.stack_effect(jump=jump)
+
+
+def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
+    """Fill ``op.depth`` (stack depth before each instruction) and ``op.nulls``
+    (the slots that may hold NULL then); return the max depth."""
+    if not ops:
+        raise Unsupported("empty code")
+    for op in ops:
+        op.depth = None
+        op.nulls = 0
+    peak = 0
+
+    def flow(i: int, depth: int, nulls: int) -> None:
+        nonlocal peak
+        if i >= len(ops):
+            raise Unsupported("control flow falls off the end of the code")
+        if depth < 0:
+            raise Unsupported(f"negative stack depth at instruction {i}")
+        op = ops[i]
+        if op.depth is None:
+            op.depth, op.nulls = depth, nulls
+            peak = max(peak, depth)
+            work.append(i)
+        elif op.depth != depth:
+            raise Unsupported(f"inconsistent stack depth at instruction {i}: {op.depth} != {depth}")
+        elif nulls & ~op.nulls:  # a NULL that arrives another way: look again
+            op.nulls |= nulls
+            work.append(i)
+
+    work: list[int] = []
+    flow(0, 0, 0)
+    while work:
+        i = work.pop()
+        op = ops[i]
+        depth = op.depth
+        assert depth is not None
+        instr = op.instr
+        if op.entry is not None:
+            target, lasti, edepth = op.entry
+            flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
+        if instr.has_jump():
+            after = depth + _effect(instr, True)
+            peak = max(peak, after, depth + max(0, _effect(instr, True)))
+            flow(label_at[_label_arg(instr)], after, _nulls_after(instr, depth, op.nulls, True))
+        if instr.name not in _TERMINAL:
+            after = depth + _effect(instr, False)
+            peak = max(peak, after)
+            flow(i + 1, after, _nulls_after(instr, depth, op.nulls, False))
+    return peak
+
+
+def _nulls_after(instr: Instr, depth: int, nulls: int, jump: bool) -> int:
+    """The may-be-NULL slots after the instruction (see ``_pushed_nulls``)."""
+    name = instr.name
+    if name == "SWAP":
+        a, b = depth - 1, depth - _int_arg(instr)
+        bit_a, bit_b = (nulls >> a) & 1, (nulls >> b) & 1
+        return (nulls & ~((1 << a) | (1 << b))) | (bit_a << b) | (bit_b << a)
+    if name == "COPY":
+        return nulls | (((nulls >> (depth - _int_arg(instr))) & 1) << depth)
+    if instr.name == "RETURN_GENERATOR":
+        return 0
+    if instr.has_jump():
+        pre, effect = instr.pre_and_post_stack_effect(jump=jump)[0], _effect(instr, jump)
+    else:
+        pre, effect = instr.pre_and_post_stack_effect()[0], _effect(instr, False)
+    pops = -min(pre, 0)  # (bytecode reports a pure push as a positive "pre")
+    kept, pushes = depth - pops, effect + pops
+    return (nulls & ((1 << kept) - 1)) | ((_pushed_nulls(instr) & ((1 << pushes) - 1)) << kept)
+
+
+def _touch(instr: Instr, depth: int) -> int:
+    """Lowest value-stack index the instruction removes or rewrites on its
+    fall-through and error paths (reads do not count)."""
+    name = instr.name
+    arg = _int_arg(instr)  # only read below for opcodes with an int argument
+    # (3.13: CALL pops the callable, self-or-NULL and the arguments: generic)
+    if name in ("COPY", "FOR_ITER", "NOP", "RESUME", "NOT_TAKEN"):
+        return depth
+    if name == "SWAP":
+        return depth - arg
+    if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE",
+                "DICT_MERGE"):
+        return depth - 1 - arg
+    if name == "MAP_ADD":
+        return depth - 2 - arg
+    if instr.has_jump():
+        pre = min(instr.pre_and_post_stack_effect(jump=True)[0],
+                  instr.pre_and_post_stack_effect(jump=False)[0])
+    else:
+        pre = instr.pre_and_post_stack_effect()[0]
+    return depth + min(pre, 0)
+
+

@@ -1,0 +1,343 @@
+"""Emission: the original code pointed at the stubs, the retry copies, the
+stubs, and the prologue of a continuation."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import cast
+
+from bytecode import Compare, Instr, Label
+from bytecode.instr import CellVar, InstrLocation
+
+from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE
+from ._ops import _BACKWARD, _FORWARD_ONLY, _TERMINAL, EntryKey
+from ._runs import _Run
+
+
+@dataclass
+class _Item:
+    instr: Instr | None = None
+    key: EntryKey | None = None
+    label: Label | None = None
+
+
+def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
+    if arg is None:
+        return Instr(name, location=loc)
+    return Instr(name, arg, location=loc)
+
+
+def _call(args_count: int, loc) -> list[Instr]:
+    """CALL for a callable and NULL already placed under its arguments (3.13:
+    callable, self-or-NULL, arguments)."""
+    return [_instr("CALL", args_count, loc)]
+
+
+@dataclass
+class Continuation:
+    """Asks ``rewrite`` for a *continuation* of new code: a variant entered at
+    ``stmt`` (the statement corresponding to the one that failed in the old
+    code) with ``nstack`` values pushed back onto the value stack.
+
+    Every local variable becomes a positional parameter (``params``, filled by
+    ``rewrite``), followed by hidden parameters for closure cells and for the
+    stack values; ``unbound`` passed for a variable leaves it unbound.
+    """
+
+    stmt: object
+    role: str
+    nstack: int
+    unbound: object
+    target: object = None
+    params: list[str] = field(default_factory=list)
+    cell_params: dict[str, str] = field(default_factory=dict)  # hidden name -> cell var
+    stack_params: list[str] = field(default_factory=list)
+
+    def arguments(self, variables: dict, stack: tuple) -> tuple:
+        """The continuation's arguments: each variable's value (or ``unbound``),
+        the closure cells' contents, the saved value stack."""
+        stack_at = {name: n for n, name in enumerate(self.stack_params)}
+        args = []
+        for name in self.params:
+            if name in self.cell_params:
+                args.append(variables.get(self.cell_params[name], self.unbound))
+            elif name in stack_at:
+                args.append(stack[stack_at[name]])
+            else:
+                args.append(variables.get(name, self.unbound))
+        return tuple(args)
+
+    def module_globals(self, stack: tuple) -> dict:
+        """For module-level code: the stack items, as the globals the prologue reads."""
+        return dict(zip(self.stack_params, stack))
+
+
+def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
+    """The cell's *retry copy*: the same instructions, covered by the same
+    stub, appended after the original code.  Retry jumps here, so a failure
+    of the retried statement has its ``lasti`` in the copy: that is how the
+    engine counts attempts, with nothing added to the normal path.  Exits
+    jump back into the original code (backward: the copy lies after it)."""
+    assert run.cell is not None  # set by ``rewrite`` before any emission
+    if not run.cell.can_retry:
+        return
+    key = (run.stub, True, run.base)
+    inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
+    tramp: dict[int, Label] = {}  # forward-only jumps out of the copy
+    items.append(_Item(label=run.copy))
+    for i in range(run.start, run.stop):
+        op = ops[i]
+        if i != run.start:
+            items.append(_Item(label=inner[i]))
+        ins = op.instr.copy()
+        if ins.has_jump():
+            t = label_at[ins.arg]
+            if t in run:
+                ins.arg = inner[t] if t != run.start else run.copy
+            elif ins.name in _FORWARD_ONLY:
+                ins.arg = tramp.setdefault(t, Label())
+            else:
+                ins = Instr(_BACKWARD.get(ins.name, ins.name), label_for(t),
+                            location=ins.location)
+        items.append(_Item(ins, key))
+    if ops[run.stop - 1].instr.name not in _TERMINAL:  # falls through: straight back
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.stop), _NOWHERE),
+                           _target_key(ops, run.stop)))
+    for t, lab in tramp.items():
+        items.append(_Item(label=lab))
+        if ops[t].instr.name == "END_FOR":
+            # an exhausted FOR_ITER skips the END_FOR and POP_TOP it jumps to
+            # (3.13): the same two here, then back after the original ones
+            items.append(_Item(_instr("END_FOR", loc=_NOWHERE), None))
+            items.append(_Item(_instr("POP_TOP", loc=_NOWHERE), None))
+            t += 2
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(t), _NOWHERE), _target_key(ops, t)))
+
+
+def _target_key(ops, t: int) -> EntryKey | None:
+    """The exception-table entry for a jump landing at instruction ``t``
+    (``JUMP_BACKWARD`` checks for signals: a ``KeyboardInterrupt`` there
+    belongs to the handler of where the jump goes)."""
+    key = ops[t].entry if t < len(ops) else None
+    if key is not None and (ops[t].depth is None or key[2] > ops[t].depth):
+        return None
+    return key
+
+
+#: daifu's own instructions have no line: a tracer sees no line event for them
+_NOWHERE = InstrLocation(None, None, None, None)
+
+
+def _suspend_tracing() -> list:
+    """Push ``sys.getprofile()`` and ``sys.gettrace()`` and switch both off,
+    so that the Python code daifu calls next (the engine) produces no call or
+    line events for a debugger, coverage or a profiler.  Builtins only: they
+    create no frames (a profiler sees ``getprofile`` and ``setprofile``
+    called; nothing else of daifu)."""
+    no_profile, no_trace = Label(), Label()
+    return [
+        _instr("LOAD_CONST", sys.getprofile, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        *_call(0, _NOWHERE),
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_IF_NONE", no_profile, _NOWHERE),
+        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        # bytecode's InstrArg has no type for a constant's value
+        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        no_profile,
+        _instr("LOAD_CONST", sys.gettrace, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        *_call(0, _NOWHERE),
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_IF_NONE", no_trace, _NOWHERE),
+        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        # bytecode's InstrArg has no type for a constant's value
+        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        no_trace,
+    ]
+
+
+def _restore_tracing() -> list:
+    """``[profile, trace, result]`` -> ``[result]``, the tracer and profiler
+    set back exactly as they were (after daifu's frame has returned, so
+    neither sees its return)."""
+    trace_off, profile_off = Label(), Label()
+    return [
+        _instr("SWAP", 2, _NOWHERE),  # profile, result, trace
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_IF_NONE", trace_off, _NOWHERE),
+        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("COPY", 3, _NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        trace_off,
+        _instr("POP_TOP", loc=_NOWHERE),
+        _instr("SWAP", 2, _NOWHERE),  # result, profile
+        _instr("COPY", 1, _NOWHERE),
+        _instr("POP_JUMP_IF_NONE", profile_off, _NOWHERE),
+        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        _instr("PUSH_NULL", loc=_NOWHERE),
+        _instr("COPY", 3, _NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        profile_off,
+        _instr("POP_TOP", loc=_NOWHERE),
+    ]
+
+
+def _items(seq: list, key) -> list[_Item]:
+    return [_Item(label=x) if isinstance(x, Label) else _Item(x, key) for x in seq]
+
+
+def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:
+    assert run.cell is not None  # set by ``rewrite`` before any emission
+    barrier = hooks.barrier
+    b = run.base
+    cell_loc = ops[run.start].instr.location
+    fallback, traced_fallback, answered = Label(), Label(), Label()
+    on_retry, on_skip, on_continue, on_raise, on_other = (Label() for _ in range(5))
+    guard_key = (fallback, False, b + 2)  # any failure in the stub: re-raise the original
+    traced_key = (traced_fallback, False, b + 5)  # the barrier call, tracing suspended
+    loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
+    # the first instruction loads the cell: that is how ``cell_ranges`` finds it
+    head = [_instr("LOAD_CONST", run.cell, loc), *_suspend_tracing()]
+    # stack: ..., lasti, exc, cell, profile, trace
+    call = [
+        _instr("LOAD_CONST", barrier, loc),
+        _instr("PUSH_NULL", loc=loc),
+        _instr("COPY", 6, loc),  # exc
+        _instr("COPY", 6, loc),  # cell
+        _instr("COPY", 9, loc),  # lasti
+    ]
+    depth = b + 10
+    for n, slot in enumerate(range(b)):  # the whole stack below the cell
+        call.append(_instr("COPY", depth + n - slot, loc))
+    call.append(_instr("BUILD_TUPLE", b, loc))
+    call += _call(4, loc)
+    # ..., lasti, exc, cell, profile, trace, answer -> ..., lasti, exc, answer
+    body = [answered, *_restore_tracing(), _instr("SWAP", 2, loc), _instr("POP_TOP", loc=loc)]
+
+    def branch(code: int, target: Label) -> list:
+        return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
+                _instr("COMPARE_OP", Compare.EQ, loc),
+                _instr("POP_JUMP_IF_TRUE", target, loc)]
+
+    if run.cell.can_retry:
+        body += branch(RETRY_CODE, on_retry)
+    if run.skip_target is not None and run.cell.can_skip:
+        body += branch(SKIP_CODE, on_skip)
+    if run.continue_target is not None:
+        body += branch(CONTINUE_CODE, on_continue)
+    body += branch(RAISE_CODE, on_raise)
+    # a tuple: (exception,) raises it here; (function, args) continues in new code
+    body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
+             _instr("COMPARE_OP", Compare.EQ, loc),
+             _instr("POP_JUMP_IF_TRUE", on_other, loc)]
+    if generator:  # no continuation in new code for a generator's frame
+        body.append(_instr("JUMP_FORWARD", on_raise, loc))
+    items.append(_Item(label=run.stub))
+    items.extend(_items(head, guard_key))
+    items.extend(_items(call, traced_key))
+    items.extend(_items(body, guard_key))
+    if not generator:
+        # continue in new code (a reload changed this very function): call the
+        # continuation and return what it returns.  Not covered by any handler:
+        # the continuation runs the user's with/finally exits itself, and its
+        # exception must leave this frame untouched.
+        items.extend(_items([
+            _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
+            _instr("SWAP", 2, loc),
+            _instr("PUSH_NULL", loc=loc),
+            _instr("SWAP", 2, loc),  # fn, NULL, args
+            _instr("CALL_FUNCTION_EX", 0, loc),
+            _instr("RETURN_VALUE", loc=loc),
+        ], None))
+    # (exception,): raised where the statement failed; the user's handlers,
+    # with exits and finally blocks see it as if the statement had raised it
+    items.append(_Item(label=on_other))
+    items.append(_Item(_instr("UNPACK_SEQUENCE", 1, loc), guard_key))
+    items.append(_Item(_instr("RAISE_VARARGS", 1, cell_loc), run.entry))
+    items.append(_Item(label=on_raise))
+    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
+    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    # the barrier call failed (RecursionError at the limit): answer "re-raise"
+    items.append(_Item(label=traced_fallback))
+    items.extend(_items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
+                         _instr("JUMP_BACKWARD", answered, loc)], guard_key))
+    items.append(_Item(label=fallback))
+    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
+    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    if run.cell.can_retry:
+        items.append(_Item(label=on_retry))
+        for _ in range(3):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        items.append(_Item(_instr("JUMP_BACKWARD", run.copy, loc), run.entry))
+    if run.skip_target is not None and run.cell.can_skip:
+        items.append(_Item(label=on_skip))
+        for _ in range(3 + run.skip_pops):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc),
+                           _target_key(ops, run.skip_target)))
+    if run.continue_target is not None:
+        items.append(_Item(label=on_continue))
+        for _ in range(3):
+            items.append(_Item(_instr("POP_TOP", loc=loc), None))
+        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.continue_target), loc),
+                           run.entry))
+
+
+def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label_for) -> None:
+    """Turn the rewritten code into a continuation (see ``Continuation``)."""
+    from bytecode import CompilerFlags
+
+    module = not code.co_flags & 0x1  # not CO_OPTIMIZED: module-level code
+    prologue: list[Instr | Label] = []
+    stack_names = [f".daifu_stack{i}" for i in range(spec.nstack)]
+    spec.stack_params = stack_names
+    if module:
+        for name in stack_names:  # the engine puts them in the globals first
+            prologue += [Instr("LOAD_NAME", name), ]
+        for name in stack_names:
+            prologue += [Instr("DELETE_NAME", name)]
+    else:
+        varnames = list(code.co_varnames)
+        cell_only = [c for c in code.co_cellvars if c not in varnames]
+        spec.cell_params = {f".daifu_cell_{c}": c for c in cell_only}
+        spec.params = varnames + list(spec.cell_params) + stack_names
+        cellvars = set(code.co_cellvars)
+        for name in varnames:
+            skip = Label()
+            if name in cellvars:  # a cell argument: its slot holds the cell now
+                load, delete = Instr("LOAD_DEREF", CellVar(name)), Instr("DELETE_DEREF",
+                                                                        CellVar(name))
+            else:
+                load, delete = Instr("LOAD_FAST", name), Instr("DELETE_FAST", name)
+            # (bytecode's InstrArg has no type for a constant's value)
+            prologue += [load, Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
+                         Instr("IS_OP", 0), Instr("POP_JUMP_IF_FALSE", skip), delete, skip]
+        for hidden, cell in spec.cell_params.items():
+            skip = Label()
+            prologue += [Instr("LOAD_FAST", hidden),
+                         Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
+                         Instr("IS_OP", 0), Instr("POP_JUMP_IF_TRUE", skip),
+                         Instr("LOAD_FAST", hidden), Instr("STORE_DEREF", CellVar(cell)), skip]
+        prologue += [Instr("LOAD_FAST", name) for name in stack_names]
+        bc.argnames = spec.params
+        bc.argcount = len(spec.params)
+        bc.posonlyargcount = 0
+        bc.kwonlyargcount = 0
+        bc.flags = CompilerFlags(int(bc.flags) & ~(0x4 | 0x8))  # no *args / **kwargs
+    prologue.append(Instr("JUMP_FORWARD", cast(Label, spec.target)))  # set by ``rewrite``
+    # insert right after the first RESUME (cells and free variables are set up)
+    at = next(n for n, it in enumerate(items) if it.instr is not None and it.instr.name == "RESUME")
+    items[at + 1 : at + 1] = [_Item(label=ins) if isinstance(ins, Label) else _Item(ins, None)
+                              for ins in prologue]

@@ -1,0 +1,128 @@
+"""Frame access for CPython 3.13: a suspended frame's variables (PEP 667's
+write-through ``f_locals``), and the layout-checked reads of the interpreter
+frame (entered from C? which function?)."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+from ._ops import _CO_OPTIMIZED
+
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.argtypes = [ctypes.py_object]
+_decref.restype = None
+
+
+def read_locals(frame: types.FrameType) -> dict:
+    """A new dict of a frame's variables.  3.13's ``f_locals`` of a function
+    frame is a proxy that reads the frame when asked and keeps nothing (no
+    snapshot stays on the frame, unlike 3.11).  Namespace frames (module,
+    class body) return their namespace itself."""
+    if not frame.f_code.co_flags & _CO_OPTIMIZED:
+        return frame.f_locals
+    return dict(frame.f_locals)
+
+
+def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] = ()) -> None:
+    """Store into a suspended function frame's variables (closure cells
+    included) through the write-through proxy; deleting a variable -- which
+    the proxy refuses -- unbinds its slot (or empties its cell)."""
+    proxy = frame.f_locals
+    for name, value in values.items():
+        proxy[name] = value
+    for name in deleted:
+        _unbind(frame, name)
+
+
+class _FrameObject(ctypes.Structure):
+    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
+                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
+
+
+class _InterpreterFrame(ctypes.Structure):  # CPython 3.13 Include/internal/pycore_frame.h
+    _fields_ = [("f_executable", ctypes.c_void_p), ("previous", ctypes.c_void_p),
+                ("f_funcobj", ctypes.c_void_p), ("f_globals", ctypes.c_void_p),
+                ("f_builtins", ctypes.c_void_p), ("f_locals", ctypes.c_void_p),
+                ("frame_obj", ctypes.c_void_p), ("instr_ptr", ctypes.c_void_p),
+                ("stacktop", ctypes.c_int), ("return_offset", ctypes.c_uint16),
+                ("owner", ctypes.c_char)]
+
+
+_FRAME_OWNED_BY_CSTACK = 3
+_LOCALSPLUS = ctypes.sizeof(_InterpreterFrame)  # localsplus[] follows the fixed part
+
+
+def _interpreter_frame(frame: types.FrameType) -> _InterpreterFrame | None:
+    """The interpreter frame behind a frame object, if its layout is the one we
+    know (checked against the frame's code and frame object); None otherwise --
+    nothing else in it is read then."""
+    try:
+        outer = _FrameObject.from_address(id(frame))
+        if not outer.f_frame:
+            return None
+        inner = _InterpreterFrame.from_address(outer.f_frame)
+        if inner.f_executable != id(frame.f_code) or inner.frame_obj != id(frame):
+            return None
+        return inner
+    except Exception:
+        return None
+
+
+def called_from_c(frame: types.FrameType) -> bool | None:
+    """Was this (executing) frame entered from C code -- a builtin such as
+    ``getattr``/``list``, a type call, a protocol slot -- rather than by a
+    Python-to-Python call?  In 3.12+ such a frame's previous frame is the
+    interpreter's entry shim, owned by the C stack.  None if the layout check
+    fails."""
+    inner = _interpreter_frame(frame)
+    if inner is None:
+        return None
+    if not inner.previous:
+        return True
+    try:
+        previous = _InterpreterFrame.from_address(inner.previous)
+        return previous.owner == bytes([_FRAME_OWNED_BY_CSTACK])
+    except Exception:
+        return None
+
+
+def running_function(frame: types.FrameType) -> types.FunctionType | None:
+    """The function object executing ``frame`` (the interpreter frame's
+    ``f_funcobj``; checked against the frame's code)."""
+    inner = _interpreter_frame(frame)
+    if inner is not None and inner.f_funcobj:
+        func = ctypes.cast(inner.f_funcobj, ctypes.py_object).value
+        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
+            return func
+    import gc
+
+    candidates = [r for r in gc.get_referrers(frame.f_code)
+                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _unbind(frame: types.FrameType, name: str) -> None:
+    """``del name`` in a suspended function frame: its slot becomes NULL (a
+    cell is emptied instead).  Raises ``ValueError`` when it cannot be done."""
+    code = frame.f_code
+    cells = [c for c in code.co_cellvars if c not in code.co_varnames]
+    names = list(code.co_varnames) + cells + list(code.co_freevars)
+    if name not in names:
+        raise ValueError(f"{name} is not a variable of {code.co_qualname}()")
+    inner = _interpreter_frame(frame)
+    if inner is None:
+        raise ValueError("the frame's layout is not the one daifu knows")
+    slot = ctypes.c_void_p.from_address(ctypes.addressof(inner) + _LOCALSPLUS
+                                        + ctypes.sizeof(ctypes.c_void_p) * names.index(name))
+    if not slot.value:
+        return  # already unbound
+    value = ctypes.cast(slot.value, ctypes.py_object).value
+    if type(value) is types.CellType and (name in code.co_cellvars or name in code.co_freevars):
+        try:
+            del value.cell_contents
+        except ValueError:
+            pass
+        return
+    slot.value = None  # the frame's reference ...
+    _decref(value)  # ... is dropped; ours goes when this returns

@@ -1,0 +1,133 @@
+"""CPython 3.13's opcodes as the rewrite sees them, and the decoded instruction."""
+
+from __future__ import annotations
+
+import dis
+import sys
+from dataclasses import dataclass
+from typing import cast
+
+from bytecode import Instr, Label
+
+assert sys.version_info[:2] == (3, 13), "daifu.cells._py313 is for CPython 3.13 only"
+
+_CO_OPTIMIZED = 0x1
+_LOAD_CONST = dis.opmap["LOAD_CONST"]
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+_CALL_FUNCTION_EX = dis.opmap["CALL_FUNCTION_EX"]
+#: ``CALL_INTRINSIC_1`` argument of the StopIteration -> RuntimeError guard
+#: that wraps every generator's body (PEP 479)
+_INTRINSIC_STOPITERATION_ERROR = 3
+
+
+class Unsupported(Exception):
+    """This code object cannot be rewritten; the message says why."""
+
+
+class NothingToProtect(Unsupported):
+    """The code has no statement of its own (``def f(): pass``): nothing in it
+    can fail, so there is nothing to rewrite (and nothing to warn about)."""
+
+
+# ``Instr.arg`` is typed as the union of every opcode's argument type: these
+# only tell the type checker which one an instruction has (no runtime check).
+def _int_arg(instr: Instr) -> int:
+    return cast(int, instr.arg)
+
+
+def _label_arg(instr: Instr) -> Label:
+    return cast(Label, instr.arg)
+
+
+# The exception-handling machinery: never part of a cell.
+_MACHINERY = frozenset(
+    {
+        "PUSH_EXC_INFO",
+        "POP_EXCEPT",
+        "CHECK_EXC_MATCH",
+        "CHECK_EG_MATCH",
+        "WITH_EXCEPT_START",
+        "RERAISE",
+        "END_ASYNC_FOR",
+        "CLEANUP_THROW",
+        "RETURN_GENERATOR",
+        "COPY_FREE_VARS",
+        "MAKE_CELL",
+        "RESUME",
+    }
+)
+# No fall-through to the next instruction.
+_TERMINAL = frozenset(
+    {
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        "RAISE_VARARGS",
+        "RERAISE",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+    }
+)
+# 3.12+ has only forward conditional jumps: a retry copy (after the original
+# code) leaves through a forward jump to a trampoline that jumps back
+_BACKWARD = {"JUMP_FORWARD": "JUMP_BACKWARD"}
+_FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
+                           "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE"})
+# Cleanup code that a handler runs on its way to re-raising.
+_PASS_THROUGH = frozenset(
+    {
+        "COPY",
+        "POP_EXCEPT",
+        "LOAD_CONST",
+        "STORE_FAST",
+        "STORE_NAME",
+        "STORE_DEREF",
+        "STORE_GLOBAL",
+        "DELETE_FAST",
+        "DELETE_NAME",
+        "DELETE_DEREF",
+        "DELETE_GLOBAL",
+        "POP_TOP",
+        "SWAP",
+        "NOP",
+    }
+)
+_CLAUSE_STOP = frozenset(
+    {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL", "STORE_ATTR", "STORE_SUBSCR",
+     "POP_TOP", "RETURN_VALUE", "RETURN_CONST", "RERAISE", "RAISE_VARARGS", "JUMP_FORWARD",
+     "JUMP_BACKWARD", "NOP", "PUSH_EXC_INFO", "POP_EXCEPT", "YIELD_VALUE", "FOR_ITER",
+     "BEFORE_WITH", "TO_BOOL"}
+)
+
+EntryKey = tuple  # (handler Label, push_lasti: bool, depth: int)
+
+
+@dataclass
+class _Op:
+    instr: Instr
+    entry: EntryKey | None
+    depth: int | None = None
+    #: bit k set: stack slot k may hold NULL before the instruction
+    nulls: int = 0
+
+
+def _location(instr: Instr) -> tuple:
+    loc = instr.location
+    if loc is None:
+        return (None, None, None, None)
+    return (loc.lineno, loc.end_lineno, loc.col_offset, loc.end_col_offset)
+
+
+def _pushed_nulls(instr: Instr) -> int:
+    """Which of the values the instruction pushes may be NULL (bit 0: the
+    first pushed).  3.13: ``PUSH_NULL``; ``LOAD_GLOBAL``/``LOAD_ATTR``/
+    ``LOAD_SUPER_ATTR`` with their NULL/method flag push the value, then NULL
+    (or self); ``LOAD_FAST_AND_CLEAR`` (inlined comprehensions) an unbound
+    variable as NULL."""
+    name = instr.name
+    if name in ("PUSH_NULL", "LOAD_FAST_AND_CLEAR"):
+        return 1
+    if name in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_SUPER_ATTR"):
+        arg = instr.arg
+        return 2 if isinstance(arg, tuple) and arg[0] else 0
+    return 0
