@@ -19,10 +19,10 @@ from daifu.engine._report import build, summarize
 
 from .support import read_events
 
-torch = pytest.importorskip("torch", reason="PyTorch not available")
 
 
 def test_summaries_are_compact():
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
     t = torch.tensor([[1.0, float("nan")], [3.0, -2.0]], requires_grad=True)
     assert summarize(t) == "tensor(2, 2) float32 cpu requires_grad min=-2 max=3 HAS NaN"
     assert summarize(torch.arange(5)) == "tensor(5,) int64 cpu min=0 max=4"

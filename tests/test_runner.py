@@ -291,3 +291,18 @@ def test_a_module_imported_before_daifu_is_vaccinated_in_place(tmp_path):
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "DAIFU_MODULES": "shlex"})
     assert res.stdout.strip() == "True", res.stderr
+
+
+def test_an_unsupported_python_is_refused_with_one_line_unless_unprotected(tmp_path):
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    fake = ("import sys, daifu.cells as cells; cells.backend = lambda: (None, 'unknown'); "
+            "from daifu.hooks._runner import main; main(sys.argv[1:])")
+    refused = subprocess.run([sys.executable, "-c", fake, "prog.py"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stdout == ""
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "daifu supports CPython 3.11 and 3.13" in lines[0]
+    assert "--unprotected" in lines[0]
+    ran = subprocess.run([sys.executable, "-c", fake, "--unprotected", "prog.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr

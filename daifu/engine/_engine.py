@@ -489,12 +489,17 @@ class Engine:
 
 
 def _in_retry_copy(cell: Cell, frame: types.FrameType, lasti: int) -> bool:
-    """Did the failing instruction belong to the cell's retry copy?"""
+    """Did the failing instruction belong to the cell's retry copy?  (Or to
+    none of its instructions at all: an exception handed to the cell's stub
+    from elsewhere -- 3.13's inlined comprehensions -- counts as its retry's
+    while a retry is pending.)"""
     back, _ = backend()
     if back is None:
         return False
     found = cell_range(cell.info, frame.f_code, back.lasti_offset(lasti))
-    return found is not None and found[2] is cell and found[3]
+    if found is None or found[2] is not cell:
+        return True
+    return found[3]
 
 
 def _vaccinated_caller(frame: types.FrameType) -> bool:

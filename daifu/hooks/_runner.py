@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="record crashes and patches here (JSON lines, mode 0600)")
     p.add_argument("--replay", metavar="JOURNAL",
                    help="re-apply the patches recorded in JOURNAL when the same crash recurs")
+    p.add_argument("--unprotected", action="store_true",
+                   help="on a Python daifu does not support, run the program anyway "
+                        "(without crash interception) instead of refusing")
     p.add_argument("--no-cache", action="store_true",
                    help="rewrite vaccinated code at every start instead of using the code "
                         "cache (~/.cache/daifu)")
@@ -151,7 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
                                 log_level=None, strict=False, dump=None, wait=None,
-                                no_console=False, journal=None, replay=None, no_cache=False)
+                                no_console=False, journal=None, replay=None, no_cache=False,
+                                unprotected=False)
+    from ..cells import backend
+    from ..cells._dispatch import SUPPORTED
+
+    back, _reason = backend()
+    if back is None and not ns.unprotected:
+        supported = " and ".join(f"{a}.{b}" for a, b in SUPPORTED)
+        sys.stderr.write(f"python -m daifu: error: daifu supports CPython {supported}, not "
+                         f"{sys.implementation.name} {sys.version_info[0]}."
+                         f"{sys.version_info[1]}; use one of those, or --unprotected to run the "
+                         "program without crash interception\n")
+        raise SystemExit(2)
     if script is None and module is None:
         _parser().print_usage(sys.stderr)
         sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
+from typing import cast
 
 from bytecode import Bytecode, Instr, Label
 
@@ -48,6 +49,7 @@ from ._emit import (
 )
 from ._frames import called_from_c, read_locals, running_function, write_locals
 from ._handlers import (
+    _walk_to_reraise,
     calls_unpacked,
     chain_for_code,
     effects,
@@ -87,6 +89,9 @@ class Plan:
     runs: list[_Run]
     label_of: dict[int, Label] = field(default_factory=dict)
     labels_at: dict[int, list[Label]] = field(default_factory=dict)
+    #: instruction index -> the run whose stub takes its exception instead of
+    #: its own handler (the re-raise of an inlined comprehension's cleanup)
+    redirects: dict[int, _Run] = field(default_factory=dict)
 
     def label_for(self, i: int) -> Label:
         """The label of instruction ``i`` (made if nothing jumped there before)."""
@@ -138,6 +143,7 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
             raise NothingToProtect("no statements")
         raise Unsupported("no statement could be made recoverable")
     p = Plan(code, bc, ops, label_at, runs)
+    p.redirects = _comprehension_redirects(ops, label_at, runs, stmts)
     for label, i in label_at.items():
         p.label_of.setdefault(i, label)
         p.labels_at.setdefault(i, []).append(label)
@@ -166,25 +172,67 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     return p
 
 
+_INLINED_CALLS = frozenset({"FOR_ITER", "SEND"})
+
+
+def _comprehension_redirects(ops: list[_Op], label_at: dict[Label, int], runs: list[_Run],
+                             stmts: list) -> dict[int, _Run]:
+    """3.12+ inlines comprehensions into the function: their instructions are
+    no cells (a stub would copy the NULL an unbound iteration variable leaves
+    on the stack), and an exception in one goes to a cleanup block that puts
+    the saved variable back and re-raises.  That re-raise is handed to the
+    stub of the statement's first cell -- as on 3.11, where the comprehension
+    was a call inside that statement: a retry re-runs the statement."""
+    out: dict[int, _Run] = {}
+    cleanups: dict[int, int] = {}  # handler index -> its RERAISE index
+    first_in: dict[int, int] = {}  # handler index -> first instruction it covers
+    for i, op in enumerate(ops):
+        if op.entry is None:
+            continue
+        h = label_at[op.entry[0]]
+        first_in.setdefault(h, i)
+        if h not in cleanups and ops[h].instr.name == "SWAP":
+            k = _walk_to_reraise(ops, h)
+            if k is not None and ops[k].instr.arg == 0 and any(
+                    ops[x].instr.name == "STORE_FAST" for x in range(h, k)):
+                cleanups[h] = k
+    for h, k in cleanups.items():
+        outer = ops[k].entry
+        if outer is not None and label_at[outer[0]] in cleanups:
+            continue  # a nested comprehension: the outer one's cleanup hands it on
+        r = first_in[h]
+        stmt = stmts[r]
+        depth = ops[k].depth
+        candidates = [run for run in runs if run.stmt is stmt and run.start < r
+                      and run.entry == outer and depth is not None and run.base < depth]
+        if candidates:
+            out[k] = min(candidates, key=lambda run: run.start)
+    return out
+
+
 def _checked_loads(bc: Bytecode) -> None:
     """A continuation enters the code in the middle, where variables the
     compiler knows to be bound may not be: every ``LOAD_FAST`` (which does not
     check, in 3.12+) becomes ``LOAD_FAST_CHECK``, superinstructions split."""
     out: list = []
     for item in bc:
-        name = getattr(item, "name", None)
-        if name == "LOAD_FAST":
-            item = Instr("LOAD_FAST_CHECK", item.arg, location=item.location)
-        elif name in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"):
-            first, second = item.arg
-            kinds = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST_CHECK", "LOAD_FAST_CHECK"),
-                     "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST_CHECK"),
-                     "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}[name]
+        if not isinstance(item, Instr):
+            out.append(item)
+        elif item.name == "LOAD_FAST":
+            out.append(Instr("LOAD_FAST_CHECK", item.arg, location=item.location))
+        elif item.name in _SPLIT:
+            first, second = cast("tuple[str, str]", item.arg)
+            kinds = _SPLIT[item.name]
             out += [Instr(kinds[0], first, location=item.location),
                     Instr(kinds[1], second, location=item.location)]
-            continue
-        out.append(item)
+        else:
+            out.append(item)
     bc[:] = out
+
+
+_SPLIT = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST_CHECK", "LOAD_FAST_CHECK"),
+          "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST_CHECK"),
+          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
 
 
 def _cell(run: _Run, n: int, p: Plan, headers: dict, info: CodeInfo,
@@ -227,13 +275,23 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
             owner[i] = run
     items: list[_Item] = []
     for i, op in enumerate(p.ops):
+        owner_run = owner.get(i)
+        if owner_run is not None and owner_run.start == i and op.instr.name in _INLINED_CALLS:
+            # an exception coming back from the generator a specialised
+            # FOR_ITER/SEND runs in this frame is looked up one instruction
+            # before it (3.13's exception_unwind uses next_instr - 1): a NOP of
+            # the cell's there, outside the loop (it runs once, on entry; on the
+            # loop's line, so a tracer sees no line event of its own)
+            items.append(_Item(Instr("NOP", location=op.instr.location),
+                               (owner_run.stub, True, owner_run.base)))
         if i in p.label_of:
             items.append(_Item(label=p.label_of[i]))
         for extra in p.labels_at.get(i, ()):
             if extra is not p.label_of.get(i):
                 items.append(_Item(label=extra))
-        owner_run = owner.get(i)
         key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
+        if i in p.redirects:
+            key = (p.redirects[i].stub, True, p.redirects[i].base)
         items.append(_Item(op.instr, key))
     for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
         items.append(_Item(label=lb))

@@ -85,6 +85,10 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
     key = (run.stub, True, run.base)
     inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
     tramp: dict[int, Label] = {}  # forward-only jumps out of the copy
+    if ops[run.start].instr.name in ("FOR_ITER", "SEND"):
+        # (see ``emit``: the instruction before an inlined generator resume
+        # must be the cell's too)
+        items.append(_Item(_instr("NOP", loc=_NOWHERE), key))
     items.append(_Item(label=run.copy))
     for i in range(run.start, run.stop):
         op = ops[i]
