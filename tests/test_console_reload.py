@@ -20,7 +20,6 @@ from daifu.engine._report import build, summarize
 from .support import read_events
 
 
-
 def test_summaries_are_compact():
     torch = pytest.importorskip("torch", reason="PyTorch not available")
     t = torch.tensor([[1.0, float("nan")], [3.0, -2.0]], requires_grad=True)
