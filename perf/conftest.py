@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,8 +51,10 @@ def interleaved(plain, vaccinated, rounds: int) -> tuple[float, float, float]:
     return pa, pb, pb / pa - 1.0
 
 
-TABLE_START = "<!-- perf-table:start -->"
-TABLE_END = "<!-- perf-table:end -->"
+_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+#: each Python version's results go between its own markers in the report
+TABLE_START = f"<!-- perf-table:start {_VERSION} -->"
+TABLE_END = f"<!-- perf-table:end {_VERSION} -->"
 
 
 def _render() -> str:
@@ -93,6 +96,8 @@ def pytest_sessionfinish(session, exitstatus):
     if report and exitstatus == 0:
         doc = Path(report)
         text = doc.read_text()
+        if TABLE_START not in text:  # a version measured for the first time: a new section
+            text += (f"\n\n### CPython {_VERSION}\n\n{TABLE_START}\n{TABLE_END}\n")
         start = text.index(TABLE_START) + len(TABLE_START)
         end = text.index(TABLE_END)
         doc.write_text(text[:start] + "\n" + _render() + "\n" + text[end:])
