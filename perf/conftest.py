@@ -38,7 +38,8 @@ def record(section: str, name: str, value, unit: str, target: str = "", note: st
 
 def interleaved(plain, vaccinated, rounds: int) -> tuple[float, float, float]:
     """Median seconds of each, alternating ABBA; returns (plain, vacc, overhead)."""
-    a, b = [], []
+    a: list[float] = []
+    b: list[float] = []
     plain()
     vaccinated()  # warm-up (quickening, caches)
     for r in range(rounds):

@@ -141,3 +141,40 @@ def test_transform_time_is_linear_in_function_size():
            f"ratio {ratio:.1f}")
     if ASSERT:
         assert ratio < 6
+
+
+def test_runner_start_up(tmp_path):
+    """What ``python -m daifu script.py`` adds to a program's start: wall time
+    (median, side by side with plain ``python``), daifu's own import time, and
+    the modules loaded before the program's first line."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "empty.py"
+    script.write_text("import sys\nprint(len(sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    plain, daifu = [sys.executable, str(script)], [sys.executable, "-m", "daifu", str(script)]
+
+    def once(argv) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120).stdout
+        return time.perf_counter() - t0, int(out.strip().splitlines()[-1])
+
+    once(plain), once(daifu)  # warm-up: .pyc files written
+    runs = size(11, 3)
+    p, d = [], []
+    for n in range(runs):
+        for argv, acc in ((plain, p), (daifu, d)) if n % 2 == 0 else ((daifu, d), (plain, p)):
+            acc.append(once(argv))
+    wall_p = statistics.median(t for t, _ in p)
+    wall_d = statistics.median(t for t, _ in d)
+    importtime = subprocess.run([sys.executable, "-X", "importtime", "-m", "daifu", str(script)],
+                                capture_output=True, text=True, env=env, timeout=120).stderr
+    own = max((int(line.split("|")[1]) for line in importtime.splitlines()
+               if line.rstrip().endswith("| daifu")), default=0)
+    record("Start-up", "python -m daifu script.py (an empty script)", wall_d * 1e3, "ms", "",
+           f"plain python {wall_p * 1e3:.0f} ms")
+    record("Start-up", "  importing daifu", own / 1e3, "ms", "", "python -X importtime")
+    record("Start-up", "  modules loaded before the program runs", d[0][1], "", "",
+           f"plain python {p[0][1]}")
