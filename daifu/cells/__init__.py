@@ -27,7 +27,7 @@ from ._cell import (
 from ._context import FrameContext, read_locals
 from ._dispatch import backend
 from ._registry import LoadedFile, files, forget, get, record, target_files
-from ._source import ModuleSource, contains, map_statement, source_for_file
+from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
 from ._transform import (
     Report,
     Selection,
@@ -72,6 +72,7 @@ __all__ = [
     "forget",
     "get",
     "is_vaccinated",
+    "entry_role",
     "map_statement",
     "options",
     "original_code",

@@ -376,8 +376,54 @@ def _block(node: ast.AST, name: str, bidx: int) -> list[ast.stmt] | None:
 
 def _key(msrc: ModuleSource, stmt: ast.stmt) -> str:
     if getattr(stmt, "body", None) and not isinstance(stmt, _SCOPES):
-        return type(stmt).__name__ + ":" + msrc.text(stmt)
+        # a compound statement by its text, indentation left out: moving it
+        # into a new ``try`` or ``if`` re-indents it, and it is still the same
+        text = "\n".join(line.strip() for line in msrc.text(stmt).splitlines())
+        return type(stmt).__name__ + ":" + text
     return ast.dump(stmt)
+
+
+#: statements that can newly enclose the running one: entering their ``body``
+#: (or ``else``) leaves nothing on the value stack, so a continuation can
+#: start inside them
+_WRAPPERS = (ast.Try, ast.TryStar, ast.If)
+
+
+def _align(old: ModuleSource, block_old: list[ast.stmt], i: int, new: ModuleSource,
+           block_new: list[ast.stmt], last: bool) -> tuple[int, bool] | None:
+    """Where statement ``i`` of ``block_old`` is in ``block_new``: (index,
+    exact) -- exact when it is there unchanged or edited one for one; None
+    when it has no counterpart."""
+    import difflib
+
+    keys_old = [_key(old, s) for s in block_old]
+    keys_new = [_key(new, s) for s in block_new]
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, keys_old, keys_new,
+                                                       autojunk=False).get_opcodes():
+        if tag == "insert" and i1 == i and last:
+            return j1, False  # lines added right before the failing statement run first
+        if i1 <= i < i2:
+            if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+                return j1 + (i - i1), True
+            if tag in ("replace", "delete") and j1 < len(block_new):
+                return j1, False  # an edited statement maps to the start of its replacement
+            return None
+    return None
+
+
+def _inside(old: ModuleSource, block_old: list[ast.stmt], i: int, new: ModuleSource,
+            wrapper: ast.stmt, last: bool) -> tuple[ast.stmt, bool, int] | None:
+    """Statement ``i`` of ``block_old`` found in a block of ``wrapper`` (a new
+    ``try`` / ``if`` / ``else`` around it): (statement, exact, index in its
+    block), the exact match preferred; None if it is in none of them."""
+    found = []
+    for name in ("body", "orelse"):
+        block = getattr(wrapper, name, None) or []
+        hit = _align(old, block_old, i, new, block, last) if block else None
+        if hit is not None:
+            found.append((block[hit[0]], hit[1], hit[0]))
+    exact = [f for f in found if f[1]]
+    return (exact or found)[0] if found else None
 
 
 def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
@@ -385,9 +431,14 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
     """The statement of the edited scope that corresponds to ``stmt``, or a
     reason why there is none.  Enclosing statements must keep their kind
     (their stack state is carried over); inside a block, statements are aligned
-    by content, and an edited statement maps to the start of its replacement."""
-    import difflib
+    by content, and an edited statement maps to the start of its replacement.
 
+    A new ``try``, ``if`` or ``else`` block around the failing statement or
+    around a statement enclosing it (the natural fix for bad data: wrap it in
+    ``try``/``except``) holds no stack state: the mapping continues inside it.
+    Only the failing statement's own new ``if`` runs its condition (when the
+    statement is first in its block): the continuation then starts at the
+    ``if``, as the new code would reach the failing statement."""
     path = _path_to(old_scope, stmt)
     if not path:
         return "the failing statement was not found in the old source"
@@ -399,24 +450,33 @@ def map_statement(old: ModuleSource, old_scope: ast.AST, stmt: ast.stmt,
             lineno = cast(ast.stmt, node_new).lineno  # a def, a class or a statement
             return f"line {lineno}: the block holding the failing statement is gone"
         assert block_old is not None  # ``path`` was found through these blocks
-        keys_old = [_key(old, s) for s in block_old]
-        keys_new = [_key(new, s) for s in block_new]
-        j = None
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, keys_old, keys_new,
-                                                           autojunk=False).get_opcodes():
-            if tag == "insert" and i1 == i and last:
-                j = j1  # lines added right before the failing statement run first
-                break
-            if i1 <= i < i2:
-                if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
-                    j = j1 + (i - i1)
-                elif tag in ("replace", "delete") and j1 < len(block_new):
-                    j = j1
-                break
-        if j is None or j >= len(block_new):
+        hit = _align(old, block_old, i, new, block_new, last)
+        if hit is None or hit[0] >= len(block_new):
             return "the failing statement has no counterpart in the new source"
-        node_old, node_new = block_old[i], block_new[j]
+        node_old, node_new = block_old[i], block_new[hit[0]]
+        while isinstance(node_new, _WRAPPERS) and type(node_new) is not type(node_old):
+            inner = _inside(old, block_old, i, new, node_new, last)
+            if inner is None:
+                break  # new code in place of the statement: it starts there
+            if last and isinstance(node_new, ast.If) and inner[2] == 0:
+                break  # a new condition in front of the failing statement: it runs
+            node_new = inner[0]
         if node_old is not stmt and type(node_old) is not type(node_new):
             return (f"line {node_new.lineno}: the statement enclosing the failing one changed "
                     f"from {type(node_old).__name__} to {type(node_new).__name__}")
-    return cast(ast.stmt, node_new)  # ``path`` is not empty: a statement of a block
+    result = cast(ast.stmt, node_new)  # ``path`` is not empty: a statement of a block
+    while isinstance(result, (ast.Try, ast.TryStar)) and type(result) is not type(stmt):
+        result = result.body[0]  # a ``try`` has no code of its own: its body's first
+    return result
+
+
+#: the role of the first cell of a statement of each kind (the backends' roles)
+_ENTRY_ROLES = {"For": "loop-init", "While": "condition", "If": "condition",
+                "With": "with-enter", "Match": "match", "Return": "return", "Raise": "raise"}
+
+
+def entry_role(stmt: ast.stmt) -> str:
+    """The role of the cell a statement starts with (a continuation entering
+    the new code at a statement of another kind than the failing one starts
+    there)."""
+    return _ENTRY_ROLES.get(type(stmt).__name__, "statement")

@@ -36,6 +36,7 @@ from ..cells import (
     ModuleSource,
     backend,
     code_pairs,
+    entry_role,
     map_statement,
     original_code,
     read_locals,
@@ -375,7 +376,11 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     if isinstance(new_stmt, str):
         raise PatchError(f"reload: cannot continue {code.co_qualname}() in the new code: "
                          f"{new_stmt} (nothing was changed)")
-    spec = back.Continuation(stmt=new_stmt, role=cell.role, nstack=cell.depth, unbound=UNBOUND)
+    # the same kind of statement: the same cell of it (a loop's header, a
+    # with's exit); another kind (a new if or try around the failing
+    # statement, an edit): the cell the new statement starts with
+    role = cell.role if type(new_stmt) is type(old_stmt) else entry_role(new_stmt)
+    spec = back.Continuation(stmt=new_stmt, role=role, nstack=cell.depth, unbound=UNBOUND)
     info = CodeInfo(new_plain.co_qualname, new_plain.co_filename, new_plain.co_firstlineno,
                     f.loaded.module, original=new_plain)
     try:

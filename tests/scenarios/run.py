@@ -251,12 +251,24 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     return res
 
 
-TABLE_START = "<!-- scenario-table:start -->"
-TABLE_END = "<!-- scenario-table:end -->"
+_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+#: each Python version's results go between its own markers in the doc
+TABLE_START = f"<!-- scenario-table:start {_VERSION} -->"
+TABLE_END = f"<!-- scenario-table:end {_VERSION} -->"
 
 
 def table(results: list[Result]) -> str:
+    import platform
+
+    try:
+        import torch
+        versions = f"Python {platform.python_version()}, torch {torch.__version__}"
+    except ImportError:
+        versions = f"Python {platform.python_version()}"
     lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"{versions}.",
+        "",
         "| case | scenario | family | exception | patch | recovered | exact | restore (ms) "
         "| restart (s) | ratio |",
         "|---|---|---|---|---|---|---|---:|---:|---:|",
@@ -301,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.table:
         doc = Path(ns.table)
         text = doc.read_text()
+        if TABLE_START not in text:  # a version measured for the first time: a new section
+            text += f"\n### CPython {_VERSION}\n\n{TABLE_START}\n{TABLE_END}\n"
         start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
         doc.write_text(text[:start] + "\n" + table(results) + "\n" + text[end:])
     return 0 if all(r.ok for r in results) else 1
