@@ -60,4 +60,6 @@ def pytest_configure(config):
     os.environ["DAIFU_CACHE"] = "0"
     if os.environ.get("DAIFU_REQUIRE_TORCH") == "1":
         # `make test` (CI): a broken torch must fail, not skip the torch tests
+        # (nor a missing tqdm the DataLoader tests and scenarios)
         import torch  # noqa: F401
+        import tqdm  # noqa: F401

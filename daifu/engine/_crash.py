@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,32 @@ class Crash(Capabilities):
         slot = cell.iterator_slot
         self.iterator = stack[slot] if slot is not None and slot < len(stack) else None
         dead = _dead_iterator(self.iterator)
+        #: (replacement loop iterator, what it means): a pass-through wrapper
+        #: generator (tqdm) died with the exception; the loop can go on over
+        #: the iterator it was reading (``_loaders.rewrap``)
+        self.rewrap: tuple[Any, str] | None = None
+        if dead is not None and cell.role == "loop-header":
+            from ._loaders import rewrap
+
+            try:
+                self.rewrap = rewrap(self.iterator, exc)
+            except Exception:  # never let an odd iterator break the crash handling
+                self.rewrap = None
+            if self.rewrap is not None:
+                dead = None
+        #: the DataLoader batch whose fetch failed at this loop header
+        #: (``_loaders.LoaderFailure``): RETRY fetches it again
+        self.batch: Any = None
+        if cell.role == "loop-header" and "torch.utils.data.dataloader" in sys.modules:
+            from ._loaders import failure
+
+            try:
+                self.batch = failure(exc)
+            except Exception:
+                self.batch = None
+            if self.batch is not None and self.batch.index is None and dead is None:
+                dead = (f"the failed batch cannot be fetched again: {self.batch.unknown} "
+                        "(next/CONTINUE goes on with the next batch)")
         self.retry_reason = cell.retry_reason or dead
         self.skip_reason = cell.skip_reason
         header = cell.role == "loop-header"

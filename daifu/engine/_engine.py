@@ -335,6 +335,9 @@ class Engine:
             self._count("recovered", 1)
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
+            resumed = getattr(crash, "_continuation", None)
+            if resumed is not None and decision is not SKIP:
+                return resumed  # (function, args): the loop goes on with another iterator
             if decision is SKIP:
                 return SKIP_CODE
             if decision is CONTINUE:
@@ -423,6 +426,12 @@ class Engine:
                 result = RELOAD
             elif isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash)
+                note = getattr(crash, "_resume_note", None)
+                if note:
+                    emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
+                                      summary=f"{patch.summary()}: {note}"))
+                    self._record("patch", crash, patch)
+                    return result
             elif isinstance(patch, ExecPatch):
                 if crash is None:
                     raise PatchError("exec needs a crashed frame to run in")
@@ -453,6 +462,8 @@ class Engine:
             raise PatchError(f"cannot skip here: {crash.skip_reason}")
         if decision is CONTINUE and not crash.can_continue:
             raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
+        if crash.kind == "loop-header" and (decision is RETRY or decision is CONTINUE):
+            _prepare_loop_header(decision, crash)
         return decision
 
     def _record(self, what: str, crash: Crash | None, *args) -> None:
@@ -552,3 +563,38 @@ def _env_int(name: str, default: int) -> int:
 
 
 ENGINE = Engine()
+
+
+def _prepare_loop_header(decision: Decision, crash: Crash) -> None:
+    """RETRY or CONTINUE at a loop header: a pass-through wrapper that died
+    is swapped for the iterator it read (a continuation with that stack);
+    RETRY of a failed DataLoader batch fetches the same batch again
+    (``_loaders``).  Raises ``PatchError``, changing nothing."""
+    notes = []
+    if crash.rewrap is not None:
+        from ._reload import resume_with_stack
+
+        slot = crash.cell.iterator_slot
+        assert slot is not None  # (a rewrap is only found for a loop's iterator)
+        stack = list(crash.stack)
+        stack[slot] = crash.rewrap[0]
+        crash._continuation = resume_with_stack(crash, tuple(stack))  # type: ignore[attr-defined]
+        notes.append(crash.rewrap[1])
+    if decision is RETRY and crash.batch is not None:
+        from . import _loaders
+
+        try:
+            _loaders.arrange_refetch(crash.batch)
+        except PatchError:
+            crash._continuation = None  # type: ignore[attr-defined]
+            raise
+        notes.append(f"the failed batch is fetched again (indices {_short(crash.batch.index)})")
+    crash._resume_note = "; ".join(notes)  # type: ignore[attr-defined]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = "?"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

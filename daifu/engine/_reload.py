@@ -380,27 +380,70 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     # with's exit); another kind (a new if or try around the failing
     # statement, an edit): the cell the new statement starts with
     role = cell.role if type(new_stmt) is type(old_stmt) else entry_role(new_stmt)
-    spec = back.Continuation(stmt=new_stmt, role=role, nstack=cell.depth, unbound=UNBOUND)
-    info = CodeInfo(new_plain.co_qualname, new_plain.co_filename, new_plain.co_firstlineno,
-                    f.loaded.module, original=new_plain)
+    fn, args = continue_in(crash, new_plain, f.msrc, new_scope, dict(f.children), new_stmt,
+                           role, tuple(crash.stack), f.loaded.module, "reload: ")
+    return fn, args, getattr(new_stmt, "lineno", 0)
+
+
+def continue_in(crash: Crash, plain: types.CodeType, msrc: ModuleSource, scope, children: dict,
+                stmt, role: str, stack: tuple, module: str | None,
+                prefix: str = "") -> tuple[Any, tuple]:
+    """``(function, args)`` that continue the crashed call in ``plain``
+    (vaccinated) at ``stmt``'s cell of ``role``, with the frame's variables
+    and ``stack`` (the crashed frame's value stack, or a changed copy):
+    the barrier's continuation answer.  Raises ``PatchError``."""
+    back, reason = backend()
+    if back is None:
+        raise PatchError(f"{prefix}{reason}")
+    frame = crash.frame
+    code = frame.f_code
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                        | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise PatchError(f"{prefix}the crashed function is a generator or coroutine; its "
+                         "running call cannot be continued in other code (nothing was changed)")
+    cell = crash.cell
+    spec = back.Continuation(stmt=stmt, role=role, nstack=cell.depth, unbound=UNBOUND)
+    info = CodeInfo(plain.co_qualname, plain.co_filename, plain.co_firstlineno,
+                    module, original=plain)
     try:
-        cont = rewrite_continuation(new_plain, info, f.msrc, new_scope, dict(f.children), spec)
+        cont = rewrite_continuation(plain, info, msrc, scope, children, spec)
     except back.Unsupported as exc:
-        raise PatchError(f"reload: cannot continue {code.co_qualname}() in the new code: {exc} "
+        raise PatchError(f"{prefix}cannot continue {code.co_qualname}() in the new code: {exc} "
                          "(nothing was changed)") from None
-    stack = tuple(crash.stack)
     if len(stack) != cell.depth:
-        raise PatchError("reload: the crashed frame's stack could not be captured")
+        raise PatchError(f"{prefix}the crashed frame's stack could not be captured")
     if not code.co_flags & inspect.CO_OPTIMIZED:  # module-level code: variables are globals
         g = frame.f_globals
         g.update(spec.module_globals(stack))
-        return exec, (cont, g), getattr(new_stmt, "lineno", 0)
+        return exec, (cont, g)
     func = back.running_function(frame)
     if func is None:
-        raise PatchError("reload: the running function object could not be found")
+        raise PatchError(f"{prefix}the running function object could not be found")
     if func.__code__.co_freevars != cont.co_freevars:
-        raise PatchError("reload: the running function's closure variables changed")
+        raise PatchError(f"{prefix}the running function's closure variables changed")
     args = spec.arguments(read_locals(frame), stack)
     fn = types.FunctionType(cont, frame.f_globals, func.__name__, None, func.__closure__)
     fn.__qualname__ = func.__qualname__
-    return fn, args, getattr(new_stmt, "lineno", 0)
+    return fn, args
+
+
+def resume_with_stack(crash: Crash, stack: tuple) -> tuple[Any, tuple]:
+    """``(function, args)`` that resume the crashed call at its failing
+    statement in its *own* code, with a changed value stack (a loop header
+    whose iterator is swapped for another).  Raises ``PatchError``."""
+    frame = crash.frame
+    plain = original_code(frame.f_code)
+    loaded = _registry.get(plain.co_filename)
+    if loaded is None:
+        raise PatchError("the crashed function's file was not vaccinated")
+    msrc = loaded.msrc
+    scope = msrc.scope_for(plain)
+    if scope is None:
+        raise PatchError("the crashed function's source could not be found")
+    cell = crash.cell
+    stmt = msrc.statements(scope).lookup((cell.lineno, cell.end_lineno, cell.col, cell.end_col))
+    if stmt is None:
+        raise PatchError("the failing statement could not be located in the source")
+    children = {id(p): v for p, v in code_pairs(plain, frame.f_code)}
+    return continue_in(crash, plain, msrc, scope, children, stmt, cell.role, stack,
+                       loaded.module)

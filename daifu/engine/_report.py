@@ -100,11 +100,16 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
 
 def options(crash: Crash) -> list[str]:
     out = []
-    out.append("retry" if crash.can_retry else f"retry impossible ({crash.retry_reason})")
+    batch = crash.batch is not None  # a DataLoader batch failed at this loop header
+    if crash.can_retry:
+        out.append("retry (fetch the same batch again)" if batch else "retry")
+    else:
+        out.append(f"retry impossible ({crash.retry_reason})")
     if crash.can_skip:
         out.append(f"skip ({crash.cell.skip_effect})")
     if crash.can_continue:
-        out.append("next (continue with the loop's next item)")
+        out.append("next (drop the failed batch, go on with the next one)" if batch else
+                   "next (continue with the loop's next item)")
     return out
 
 

@@ -23,8 +23,6 @@ from ..cells import Selection, options, vaccinate_loaded, vaccinate_source
 from ..engine._events import ModuleVaccinated, emit
 from ._patterns import ModuleMatcher
 
-_SPAWN = "multiprocessing.spawn"
-
 
 class _ThenPatch:
     """A module's own loader, followed by a patch of the loaded module
@@ -49,16 +47,19 @@ class _ThenPatch:
 class DaifuFinder:
     """Claims source modules whose dotted name matches ``matcher``."""
 
-    def __init__(self, matcher: ModuleMatcher, selection: Selection, on_spawn_import=None):
+    def __init__(self, matcher: ModuleMatcher, selection: Selection,
+                 on_import: dict[str, Any] | None = None):
         self.matcher = matcher
         self.selection = selection
         self._tls = threading.local()
-        #: called once ``multiprocessing.spawn`` is imported (by the program)
-        self.on_spawn_import = on_spawn_import
+        #: module name -> patch called once the program imports that module
+        #: (``multiprocessing.spawn``: children activate daifu;
+        #: ``torch.utils.data.dataloader``: batch indices a retry needs)
+        self.on_import: dict[str, Any] = dict(on_import or {})
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
-        if fullname == _SPAWN and self.on_spawn_import is not None:
-            return self._patched_spawn(fullname, path, target)
+        if self.on_import and fullname in self.on_import:
+            return self._patched(fullname, path, target)
         if not self.matcher.matches(fullname) or getattr(self._tls, "busy", False):
             return None
         self._tls.busy = True
@@ -72,8 +73,8 @@ class DaifuFinder:
         spec.cached = None
         return spec
 
-    def _patched_spawn(self, fullname, path, target) -> ModuleSpec | None:
-        patch, self.on_spawn_import = self.on_spawn_import, None
+    def _patched(self, fullname, path, target) -> ModuleSpec | None:
+        patch = self.on_import.pop(fullname)
         spec = self._regular_spec(fullname, path, target)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = cast(Any, _ThenPatch(spec.loader, patch))

@@ -39,17 +39,21 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.validate()
     cfg.apply()
     uninstall()
+    from ..engine._loaders import record_sent_indices
     from ._child import patch_spawn
 
-    # spawned children must activate daifu: patch multiprocessing's command
-    # line now if the program imported it, else when it does (never import
-    # multiprocessing for a program that does not use it)
-    spawn_loaded = "multiprocessing.spawn" in sys.modules
-    _finder = DaifuFinder(cfg.matcher, cfg.selection(),
-                          on_spawn_import=None if spawn_loaded else patch_spawn)
+    # patched now if the program imported them, else when it does (never
+    # import multiprocessing or torch for a program that does not use them):
+    # spawned children must activate daifu; worker DataLoaders remember the
+    # indices of the batches in flight (a retry of a failed batch needs them)
+    patches = {"multiprocessing.spawn": lambda: patch_spawn(),
+               "torch.utils.data.dataloader": lambda: record_sent_indices()}
+    later = {name: patch for name, patch in patches.items() if name not in sys.modules}
+    _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later)
     sys.meta_path.insert(0, _finder)
-    if spawn_loaded:
-        patch_spawn()
+    for name, patch in patches.items():
+        if name not in later:
+            patch()
     _vaccinate_imported(cfg)
     return Installation(_finder)
 

@@ -1,0 +1,217 @@
+"""Recovery at the header of a loop over a torch ``DataLoader``.
+
+``for x, y in loader:`` fails at its header when the dataset raises for one
+batch.  Two answers make sense, and both exist:
+
+* ``daifu.RETRY`` -- fetch **the same batch** again (the same indices),
+  after the rule or the human repaired the dataset.  The DataLoader
+  iterator is left where it is; its next ``_next_data()`` call is answered
+  once by re-fetching the failed indices in this process (``_refetch``),
+  then it goes on as before.  The failed indices come from the exception's
+  traceback (single-process loading: the ``index`` local of
+  ``_next_data``) or, with worker processes, from a record of the indices
+  sent to the workers (``record_sent_indices``, installed when
+  ``torch.utils.data.dataloader`` is imported under daifu).
+* ``daifu.CONTINUE`` -- go on with the next batch: the failed one is
+  dropped, as a ``continue`` statement would.
+
+A wrapper generator around the iterator (``for b in tqdm(loader)``) dies
+with the exception: retrying its ``next()`` would end the loop.  For
+generators known to hand items through unchanged (tqdm's), the loop's
+iterator is swapped for the DataLoader iterator the generator was reading
+(``rewrap``) -- the loop goes on over the same batches; the progress bar,
+closed by the exception, no longer updates.  Other generators are refused
+(``Crash.retry_reason`` says why): daifu cannot know what they did to each
+item.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import PatchError
+from ..cells import read_locals
+
+_DATALOADER = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
+#: generator functions known to yield their iterable's items unchanged:
+#: (module prefix, code qualname)
+_PASS_THROUGH = (("tqdm", "tqdm.__iter__"),)
+#: how many sent-but-unanswered batches a worker iterator remembers at most
+#: (``prefetch_factor * num_workers`` are outstanding; this bounds a leak
+#: if the iterator is used in some unforeseen way)
+_MAX_SENT = 4096
+
+
+@dataclass
+class LoaderFailure:
+    """A batch of a DataLoader iterator failed."""
+
+    iterator: Any  #: the ``_BaseDataLoaderIter`` whose ``__next__`` raised
+    index: Any  #: the failed batch's indices (None: unknown, see ``unknown``)
+    unknown: str | None  #: why the indices are not known
+
+
+def _frames(exc: BaseException) -> list[types.FrameType]:
+    out = []
+    tb = exc.__traceback__
+    while tb is not None:
+        out.append(tb.tb_frame)
+        tb = tb.tb_next
+    return out
+
+
+def _is_loader_next(code: types.CodeType) -> bool:
+    return code.co_name == "__next__" and code.co_filename.endswith(_DATALOADER)
+
+
+def failure(exc: BaseException) -> LoaderFailure | None:
+    """The DataLoader batch whose fetch raised ``exc``, or None when the
+    exception did not come from a DataLoader iterator."""
+    frames = _frames(exc)
+    for n, frame in enumerate(frames):
+        if not _is_loader_next(frame.f_code):
+            continue
+        it = read_locals(frame).get("self")
+        if it is None:
+            return None
+        inner = frames[n + 1:]
+        for f in inner:
+            if f.f_code is _refetch.__code__:  # the re-fetch of a retry failed again
+                return LoaderFailure(it, read_locals(f).get("index"), None)
+        return _failed_batch(it, inner)
+    return None
+
+
+def _failed_batch(it: Any, inner: list[types.FrameType]) -> LoaderFailure:
+    from torch.utils.data.dataloader import _DatasetKind
+
+    if getattr(it, "_dataset_kind", None) != _DatasetKind.Map:
+        return LoaderFailure(it, None, "the dataset is an IterableDataset: its batches have no "
+                                       "indices to fetch again")
+    if getattr(it, "_num_workers", 0) == 0:
+        for f in inner:
+            if f.f_code.co_name == "_next_data" and f.f_code.co_filename.endswith(_DATALOADER):
+                index = read_locals(f).get("index")
+                if index is not None:
+                    return LoaderFailure(it, index, None)
+        return LoaderFailure(it, None, "the sampler itself failed: no batch was being fetched")
+    if not any(f.f_code.co_name == "_process_data" for f in inner):
+        return LoaderFailure(it, None, "the loader failed, not one batch (a worker died or "
+                                       "timed out)")
+    sent = it.__dict__.get("_daifu_sent")
+    if sent is None:
+        return LoaderFailure(it, None, "the indices sent to the worker processes were not "
+                                       "recorded (daifu records them under python -m daifu "
+                                       "and after daifu.install())")
+    if getattr(it, "_in_order", True):
+        key = it._rcvd_idx - 1
+    else:
+        key = next((read_locals(f).get("idx") for f in inner
+                    if f.f_code.co_name == "_next_data"), None)
+    index = sent.get(key)
+    if index is None:
+        return LoaderFailure(it, None, "the failed batch's indices are not known")
+    return LoaderFailure(it, index, None)
+
+
+def arrange_refetch(found: LoaderFailure) -> None:
+    """Make the iterator's next ``_next_data()`` fetch ``found.index`` again
+    (in this process).  Raises ``PatchError`` when that cannot be done."""
+    if found.index is None:
+        raise PatchError(f"cannot fetch the failed batch again: {found.unknown}. "
+                         "CONTINUE goes on with the next batch")
+    it, index = found.iterator, found.index
+    # an instance attribute shadows the class's method for one call; it
+    # removes itself first, so a re-fetch that fails leaves the iterator as it was
+    it._next_data = lambda: _refetch(it, index)
+
+
+def _refetch(it: Any, index: Any) -> Any:
+    it.__dict__.pop("_next_data", None)
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    if fetcher is None:  # worker processes fetch for the iterator: fetch here instead
+        from torch.utils.data.dataloader import _DatasetKind
+
+        fetcher = _DatasetKind.create_fetcher(it._dataset_kind, it._dataset,
+                                              it._auto_collation, it._collate_fn, it._drop_last)
+    data = fetcher.fetch(index)
+    if it._pin_memory:
+        from torch.utils.data import _utils
+
+        data = _utils.pin_memory.pin_memory(data, it._pin_memory_device)
+    return data
+
+
+# -- a generator around the DataLoader iterator -----------------------------------------
+
+
+def _pass_through(gen: types.GeneratorType) -> bool:
+    code = gen.gi_code
+    module = (code.co_filename.replace(os.sep, "/").rsplit("/site-packages/", 1)[-1]
+              .replace("/", "."))
+    return any(code.co_qualname == qual and module.startswith(prefix)
+               for prefix, qual in _PASS_THROUGH)
+
+
+def rewrap(iterator: Any, exc: BaseException) -> tuple[Any, str] | None:
+    """For a loop iterator that died with ``exc`` because it is (or an
+    ``enumerate`` wraps) a pass-through generator over another iterator that
+    survived: ``(replacement iterator, what was done)``; else None."""
+    gen, rebuild = iterator, lambda inner: inner
+    if type(iterator) is enumerate:
+        reduced: Any = iterator.__reduce__()  # (enumerate, (iterator, count))
+        if len(reduced) < 2 or len(reduced[1]) != 2:
+            return None
+        gen, start = reduced[1]
+        rebuild = lambda inner: enumerate(inner, start)  # noqa: E731  # the same count
+    if not (isinstance(gen, types.GeneratorType) and gen.gi_frame is None
+            and _pass_through(gen)):
+        return None
+    frames = _frames(exc)
+    for n, frame in enumerate(frames):
+        if frame.f_code is gen.gi_code and n + 1 < len(frames):
+            below = frames[n + 1]
+            if below.f_code.co_name != "__next__":
+                return None
+            inner = read_locals(below).get("self")
+            if inner is None or not hasattr(inner, "__next__"):
+                return None
+            return rebuild(inner), (f"the loop's {gen.gi_code.co_qualname} generator ended with "
+                                    f"the exception; the loop goes on over the "
+                                    f"{type(inner).__name__} it was reading (its progress "
+                                    "display no longer updates)")
+    return None
+
+
+# -- recording the indices sent to worker processes -------------------------------------
+
+
+def record_sent_indices(module: Any = None) -> None:
+    """Make worker DataLoader iterators remember the indices of the batches
+    they sent to their workers until the batches come back (what a retry of
+    the same batch needs).  Called once ``torch.utils.data.dataloader`` is
+    imported; costs one dict insert and delete per batch."""
+    if module is None:
+        import torch.utils.data.dataloader as module
+    cls = getattr(module, "_MultiProcessingDataLoaderIter", None)
+    if cls is None or "_next_index" in cls.__dict__:
+        return
+    inherited = cls._next_index
+
+    def _next_index(self):
+        index = inherited(self)
+        sent = self.__dict__.get("_daifu_sent")
+        if sent is None or self._send_idx == 0:  # (a new epoch starts counting at 0)
+            sent = self._daifu_sent = {}
+        sent[self._send_idx] = index
+        oldest = self._rcvd_idx - 1  # the last batch handed out may be retried
+        while sent and (next(iter(sent)) < oldest or len(sent) > _MAX_SENT):
+            del sent[next(iter(sent))]
+        return index
+
+    _next_index.__qualname__ = f"{cls.__qualname__}._next_index"
+    _next_index._daifu = True  # type: ignore[attr-defined]
+    cls._next_index = _next_index
