@@ -92,7 +92,7 @@ def test_console_commands_in_process(module):
     @daifu.on(ZeroDivisionError)
     def console(crash):
         for line in ["vars", "p x + 1", "!x = 5", "exec\nlog.append('patched')\n", "bogus",
-                     "p undefined", "retry"]:
+                     "bogus command", "p undefined", "retry"]:
             c, out = run_line(crash, ENGINE, line, "test")
             transcript.append((line.split("\n")[0], c.ok, out.strip(), c.decision))
         return None  # the console queued the decision
@@ -101,7 +101,8 @@ def test_console_commands_in_process(module):
     by_cmd = {cmd: (ok, out, decision) for cmd, ok, out, decision in transcript}
     assert by_cmd["vars"][0] and "x = 0" in by_cmd["vars"][1]
     assert by_cmd["p x + 1"] == (True, "1", None)
-    assert by_cmd["bogus"][0] is False and "unknown command" in by_cmd["bogus"][1]
+    assert by_cmd["bogus"][0] is False and "NameError" in by_cmd["bogus"][1]  # evaluated
+    assert by_cmd["bogus command"][0] is False and "unknown command" in by_cmd["bogus command"][1]
     assert by_cmd["p undefined"][0] is False and "NameError" in by_cmd["p undefined"][1]
     assert by_cmd["retry"][2] is daifu.RETRY
 

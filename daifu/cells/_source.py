@@ -267,7 +267,7 @@ class ModuleSource:
         # compound statement: its header line(s), up to the first body statement
         first = body[0]
         lines = self.lines[stmt.lineno - 1 : first.lineno - 1] or [self.line(stmt.lineno)]
-        header = " ".join(x.strip() for x in lines).strip()
+        header = " ".join(_without_comment(x).strip() for x in lines).strip()
         if first.lineno == stmt.lineno:  # `for x in y: body` on one line
             header = self.line(stmt.lineno)[stmt.col_offset : first.col_offset].strip()
         return header
@@ -327,6 +327,30 @@ def _cached(filename: str, source: str) -> ModuleSource | None:
         return ModuleSource(source, filename)
     except (SyntaxError, ValueError):
         return None
+
+
+def _without_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` inside a string stays)."""
+    if "#" not in line:
+        return line
+    quote: str | None = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif line.startswith(quote, i):
+                i += len(quote) - 1
+                quote = None
+        elif c in "'\"":
+            triple = line[i:i + 3]
+            quote = triple if triple in ("'" * 3, '"' * 3) else c
+            i += len(quote) - 1
+        elif c == "#":
+            return line[:i].rstrip()
+        i += 1
+    return line
 
 
 def source_for_file(filename: str) -> ModuleSource | None:

@@ -7,9 +7,11 @@ engine's patch queue, with the console as the patch's origin.
 
 from __future__ import annotations
 
+import builtins
 import cmd
 import contextlib
 import io
+import linecache
 import os
 import pprint
 import shlex
@@ -20,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .._errors import PatchError
 from .._runtime import RUNTIME
+from ..cells import read_locals
 from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 
 HELP = """\
 Commands (the crashed frame waits; nothing runs until you resume it):
-  retry   (r)      re-execute the failing statement
+  retry   (r)      re-execute the failing statement (over a DataLoader: the same batch)
   skip    (s)      continue after the failing statement
   next    (n)      go on with the innermost for loop's next item
   reload           re-read edited source files and resume in the new code
@@ -40,10 +43,17 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   abort   (a)      give up: the exception continues as without daifu
   pass             no fix here: hand the exception to a vaccinated caller
   where   (w)      show the crash report again (also: describe)
-  vars             the crashed function's variables
-  p EXPR           evaluate EXPR in the crashed frame and print it
-  !STATEMENT       run a statement in the crashed frame (assignments stick)
+  bt               the call stack; > marks the frame in focus
+  up [N]  (u)      focus on the caller (N frames up): p, vars, !, exec, l act there,
+                   and retry/skip/next are taken in that frame
+  down [N] (d)     back towards the crashed frame
+  l [FIRST[, LAST]]  source around the current line (l . : again from it); ll: the function
+  vars             the focused frame's variables
+  p EXPR / pp EXPR evaluate EXPR in the focused frame; print it (pp: pretty-printed)
+  EXPR             a line that is not a command is evaluated (or run, if a statement)
+  !STATEMENT       run a statement in the focused frame (assignments stick)
   exec             run several lines (end with an empty line)
+  interact         a Python prompt in the focused frame (Ctrl-D returns; assignments stick)
   help             this text
 """
 
@@ -66,6 +76,10 @@ class Console(cmd.Cmd):
         self.use_rawinput = local and stdin is None
         self.decision: Decision | object | None = None
         self.ok = True  # did the last command succeed?
+        #: the frame in focus: 0 the crashed one, N its N-th caller (kept on
+        #: the crash: a remote client's commands each get a new Console)
+        self.level: int = getattr(crash, "_focus", 0)
+        self._listed: int | None = None  # where ``l`` goes on from
 
     # -- loop plumbing ---------------------------------------------------------------
 
@@ -75,9 +89,11 @@ class Console(cmd.Cmd):
 
     def onecmd(self, line: str) -> bool:
         self.ok = True
+        cmd_, arg, _ = self.parseline(line)
+        python = bool(cmd_ and arg and _looks_like_code(cmd_, arg))  # `n = 5`: not `next`
         try:
             with self._redirected():
-                return bool(super().onecmd(line))
+                return self._python(line) if python else bool(super().onecmd(line))
         except Exception:
             self.ok = False
             self.say("".join(traceback.format_exc()).rstrip())
@@ -100,8 +116,161 @@ class Console(cmd.Cmd):
     def default(self, line: str) -> bool:  # type: ignore[override]  # cmd uses the result
         if line.startswith("!"):
             return self._exec(line[1:])
-        self.ok = False
-        self.say(f"unknown command {line.split()[0]!r}; type help")
+        return self._python(line)
+
+    def _python(self, line: str) -> bool:
+        try:  # not a command: an expression is evaluated, a statement run (as in pdb)
+            compile(line, "<daifu>", "eval")
+        except SyntaxError:
+            try:
+                compile(line, "<daifu>", "exec")
+            except SyntaxError:
+                self.ok = False
+                self.say(f"unknown command {line.split()[0]!r}, and not Python either; "
+                         "type help")
+                return False
+            return self._exec(line)
+        return self._print(line, pretty=False)
+
+    # -- the frame in focus -------------------------------------------------------------
+
+    @property
+    def frame(self):
+        return self.crash.frame_at(self.level)
+
+    def _frame_line(self, frame) -> int:
+        return self.crash.lineno or frame.f_lineno if frame is self.crash.frame \
+            else frame.f_lineno
+
+    def _show_focus(self) -> None:
+        frame = self.frame
+        lineno = self._frame_line(frame)
+        text = linecache.getline(frame.f_code.co_filename, lineno).strip()
+        self.say(f"> frame {self.level}: {frame.f_code.co_filename}:{lineno} in "
+                 f"{frame.f_code.co_qualname}()")
+        if text:
+            self.say(f"    {text}")
+
+    def _move(self, arg: str, direction: int) -> bool:
+        try:
+            steps = int(arg) if arg.strip() else 1
+        except ValueError:
+            self.ok = False
+            self.say(f"usage: {'up' if direction > 0 else 'down'} [N]")
+            return False
+        frames = self.crash.frames()
+        level = self.level + direction * steps
+        if not 0 <= level < len(frames):
+            self.ok = False
+            self.say("already at the " + ("outermost frame" if direction > 0 else
+                                          "crashed frame"))
+            level = max(0, min(level, len(frames) - 1))
+        self.level, self._listed = level, None
+        self.crash._focus = level  # type: ignore[attr-defined]
+        self._show_focus()
+        return False
+
+    def do_up(self, arg: str) -> bool:
+        """up [N]: focus on the caller (N frames up)"""
+        return self._move(arg, 1)
+
+    def do_down(self, arg: str) -> bool:
+        """down [N]: focus back towards the crashed frame"""
+        return self._move(arg, -1)
+
+    do_u, do_d = do_up, do_down
+
+    def do_bt(self, arg: str) -> bool:
+        """bt: the call stack, outermost first; > marks the frame in focus"""
+        frames = self.crash.frames()
+        for n in range(len(frames) - 1, -1, -1):
+            frame = frames[n]
+            lineno = self._frame_line(frame)
+            mark = ">" if n == self.level else " "
+            crashed = "  <- crashed here" if n == 0 else ""
+            self.say(f"{mark} {n:2d} {frame.f_code.co_filename}:{lineno} in "
+                     f"{frame.f_code.co_qualname}(){crashed}")
+            text = linecache.getline(frame.f_code.co_filename, lineno).strip()
+            if text:
+                self.say(f"        {text}")
+        return False
+
+    do_backtrace = do_bt
+
+    def do_l(self, arg: str) -> bool:
+        """l [FIRST[, LAST]]: list source around the focused frame's line"""
+        frame = self.frame
+        current = self._frame_line(frame)
+        try:
+            if arg.strip() == ".":
+                first, last = max(1, current - 5), current + 5
+            elif arg.strip():
+                parts = [int(x) for x in arg.replace(",", " ").split()]
+                first = parts[0]
+                last = parts[1] if len(parts) > 1 else first + 10
+            elif self._listed is not None:
+                first, last = self._listed, self._listed + 10
+            else:
+                first, last = max(1, current - 5), current + 5
+        except ValueError:
+            self.ok = False
+            self.say("usage: l [FIRST[, LAST]] | l .")
+            return False
+        self._list(frame, first, last, current)
+        self._listed = last + 1
+        return False
+
+    def do_ll(self, arg: str) -> bool:
+        """ll: the whole source of the focused frame's function"""
+        frame = self.frame
+        code = frame.f_code
+        lines = linecache.getlines(code.co_filename)
+        first = code.co_firstlineno
+        if code.co_name == "<module>":
+            last = len(lines)
+        else:
+            import inspect
+
+            try:
+                block = inspect.getblock(lines[first - 1:])
+                last = first + len(block) - 1
+            except Exception:
+                last = first + 20
+        self._list(frame, first, last, self._frame_line(frame))
+        return False
+
+    def _list(self, frame, first: int, last: int, current: int) -> None:
+        filename = frame.f_code.co_filename
+        for n in range(first, last + 1):
+            text = linecache.getline(filename, n)
+            if not text:
+                break
+            marker = "->" if n == current else "  "
+            self.say(f"{n:5d} {marker} {text.rstrip()}")
+
+    def do_interact(self, arg: str) -> bool:
+        """interact: a Python prompt in the focused frame"""
+        if not self.local:
+            self.ok = False
+            self.say("interact needs the job's own terminal; use ! or exec from here")
+            return False
+        import code as code_module
+
+        frame = self.frame
+        names = dict(frame.f_globals)
+        names.update(read_locals(frame))
+        before = dict(names)
+        code_module.interact(banner=f"*interactive* in {frame.f_code.co_qualname}() -- "
+                                    "Ctrl-D returns to the console", local=names, exitmsg="")
+        changed = {k: v for k, v in names.items() if k not in before or before[k] is not v}
+        if changed:  # written back the way exec does it (journaled, replayable)
+            assignments = "\n".join(f"{k} = __daifu_interact__[{k!r}]" for k in changed)
+            frame.f_globals["__daifu_interact__"] = changed
+            try:
+                self._exec(assignments)
+            finally:
+                frame.f_globals.pop("__daifu_interact__", None)
+            self.say(f"kept: {', '.join(sorted(changed))}")
         return False
 
     def precmd(self, line: str) -> str:
@@ -111,7 +280,8 @@ class Console(cmd.Cmd):
 
     def _decide(self, decision: Decision) -> bool:
         try:  # checked (can it retry here?) and journaled by the engine, like any patch
-            self.engine.submit(DecisionPatch(decision, origin=self.origin), self.crash)
+            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=self.level),
+                               self.crash)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -179,20 +349,28 @@ class Console(cmd.Cmd):
     do_w = do_describe = do_where
 
     def do_vars(self, arg: str) -> bool:
-        """vars: the crashed function's variables"""
-        for name in sorted(self.crash.vars):
+        """vars: the focused frame's variables"""
+        variables = read_locals(self.frame)
+        for name in sorted(variables):
             if not name.startswith("__"):
-                self.say(f"  {name} = {summarize(self.crash.vars[name])}")
+                self.say(f"  {name} = {summarize(variables[name])}")
         return False
 
     def do_p(self, arg: str) -> bool:
-        """p EXPR: evaluate an expression in the crashed frame"""
-        if not arg:
+        """p EXPR: evaluate an expression in the focused frame and print its repr"""
+        return self._print(arg, pretty=False, usage="p")
+
+    def do_pp(self, arg: str) -> bool:
+        """pp EXPR: evaluate an expression in the focused frame, pretty-printed"""
+        return self._print(arg, pretty=True, usage="pp")
+
+    def _print(self, expr: str, pretty: bool, usage: str = "") -> bool:
+        if not expr:
             self.ok = False
-            self.say("usage: p EXPR")
+            self.say(f"usage: {usage} EXPR")
             return False
         try:
-            value = self.crash.eval(arg)
+            value = self._eval(expr)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -201,8 +379,18 @@ class Console(cmd.Cmd):
             self.ok = False
             self.say(traceback.format_exc(limit=-1).rstrip())
             return False
-        self.say(pprint.pformat(value, width=100))
+        self.say(pprint.pformat(value, width=100) if pretty else _safe_repr(value))
         return False
+
+    def _eval(self, expr: str) -> Any:
+        if self.level == 0:
+            return self.crash.eval(expr)
+        try:
+            compiled = compile(expr, f"<daifu eval in frame {self.level}>", "eval")
+        except SyntaxError as exc:
+            raise PatchError(f"expression does not compile: {exc}") from None
+        frame = self.frame
+        return eval(compiled, frame.f_globals, dict(read_locals(frame)))
 
     def do_exec(self, arg: str) -> bool:
         """exec [CODE]: run statements in the crashed frame; without CODE, read
@@ -231,7 +419,7 @@ class Console(cmd.Cmd):
 
     def _exec(self, code: str) -> bool:
         try:
-            self.engine.submit(ExecPatch(code, origin=self.origin), self.crash)
+            self.engine.submit(ExecPatch(code, origin=self.origin, frame=self.level), self.crash)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -260,11 +448,22 @@ class Console(cmd.Cmd):
 
     complete_exec = complete_p
 
+    complete_pp = complete_p
+
     def _names(self, text: str) -> list[str]:
         try:
-            names = set(self.crash.vars) | set(self.crash.globals)
+            frame = self.frame
+            variables = read_locals(frame)
+            if "." in text:  # attribute completion: only for a dotted name (nothing is called)
+                head, _, tail = text.rpartition(".")
+                if not all(part.isidentifier() for part in head.split(".")):
+                    return []
+                obj = eval(head, frame.f_globals, dict(variables))
+                return sorted(f"{head}.{a}" for a in dir(obj) if a.startswith(tail)
+                              and (tail.startswith("_") or not a.startswith("_")))
+            names = set(variables) | set(frame.f_globals) | set(dir(builtins))
         except Exception:
-            names = set()
+            return []
         return sorted(n for n in names if n.startswith(text))
 
 
@@ -308,14 +507,36 @@ def run_local(crash: Crash, engine: Engine) -> Console:
 
 
 def _loop(console: Console, crash: Crash) -> Console:
-    console.say(build_report(crash).render())
-    console.say("type help for commands")
-    while console.decision is None:
-        try:
-            console.cmdloop()
-        except KeyboardInterrupt:
-            console.say("\n(interrupted: type abort to give up, or a command)")
+    with _events.held():  # log lines wait until the console is done with the terminal
+        console.say(build_report(crash).render())
+        console.say("type help for commands")
+        while console.decision is None:
+            try:
+                console.cmdloop()
+            except KeyboardInterrupt:
+                console.say("\n(interrupted: type abort to give up, or a command)")
     return console
+
+
+#: a command's argument starting like this makes the line Python code:
+#: ``n = 5`` assigns ``n``, ``n * 2`` is an expression, ``r.x`` an attribute
+_CODE_STARTS = tuple("=.[(,:*/%+-<>&|^@!")
+
+
+def _looks_like_code(command: str, arg: str) -> bool:
+    arg = arg.lstrip()
+    if command in ("p", "pp"):  # `p (x)`, `p -x` print; `p = 3`, `p += 1` assign
+        return (arg.startswith("=") and not arg.startswith("==")) or \
+            (len(arg) > 1 and arg[0] in "+-*/%|&^@<>" and "=" in arg[1:3]
+             and not arg[1:3].startswith("=="))
+    return arg.startswith(_CODE_STARTS) and command != "exec"
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
 
 
 def _isatty(stream) -> bool:

@@ -97,6 +97,25 @@ class Crash(Capabilities):
             raise PatchError("this crash has been resolved; its frame is no longer available")
         return self._frame
 
+    def frames(self) -> list[types.FrameType]:
+        """The crashed frame, then its callers outward -- daifu's and runpy's
+        frames left out (what the console's ``up``/``down``/``bt`` walk)."""
+        out = []
+        frame: types.FrameType | None = self.frame
+        while frame is not None:
+            if not is_plumbing(frame.f_code.co_filename):
+                out.append(frame)
+            frame = frame.f_back
+        return out
+
+    def frame_at(self, level: int) -> types.FrameType:
+        """``frames()[level]``; raises ``PatchError`` when there is none."""
+        frames = self.frames()
+        if not 0 <= level < len(frames):
+            raise PatchError(f"no frame {level}: the crash has {len(frames)} "
+                             f"(0 = the crashed frame, {len(frames) - 1} = the outermost)")
+        return frames[level]
+
     # -- actions -------------------------------------------------------------
 
     def exec(self, code: str) -> None:

@@ -20,6 +20,7 @@ crash worse.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from ..cells import (
     RETRY_CODE,
     SKIP_CODE,
     Cell,
+    FrameContext,
     backend,
     cells_of,
     read_locals,
@@ -163,6 +165,10 @@ class Engine:
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
         self.gave_up = ExceptionMemo()
+        #: a decision taken at a crash for one of its callers (the console's
+        #: ``up`` then ``retry``): id(exception) -> (exception, caller frame,
+        #: patch); the exception is handed up to that frame's barrier
+        self._forward: dict[int, tuple[BaseException, types.FrameType, DecisionPatch]] = {}
 
     # -- called from the stubs ---------------------------------------------------
 
@@ -218,6 +224,11 @@ class Engine:
     # -- one crash -----------------------------------------------------------------
 
     def _handle(self, exc, cell, lasti, stack, frame) -> int | tuple:
+        forward = self._forward.get(id(exc))
+        if forward is not None and forward[0] is exc and forward[1] is not frame:
+            return RAISE_CODE  # on its way to the caller the decision is for
+        if self._forward and forward is None:
+            self._forward.clear()  # a new exception: a decision never delivered is stale
         key = (id(frame), cell)
         with self._lock:
             pending = self._pending.pop(key, None)
@@ -237,7 +248,14 @@ class Engine:
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
             self._record("crash", crash)
             final = attempt > self.max_attempts
-            if final:  # a statement that keeps failing must not bounce around
+            decision = None
+            if forward is not None and forward[0] is exc:  # taken at the callee's crash
+                del self._forward[id(exc)]
+                crash.patches.put(dataclasses.replace(forward[2], frame=0))
+                decision, reason = self._drain(crash), forward[2].origin
+            if decision is not None:
+                pass
+            elif final:  # a statement that keeps failing must not bounce around
                 decision, reason = None, (
                     f"the statement failed again after {attempt - 1} retries "
                     f"(max_attempts={self.max_attempts}, DAIFU_MAX_ATTEMPTS)")
@@ -318,6 +336,15 @@ class Engine:
 
     def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str,
                   final: bool = False) -> int | tuple:
+        upward = getattr(crash, "_upward", None)
+        if upward is not None:  # the decision is for a caller: hand the exception up
+            self._forward[id(crash.exception)] = upward
+            self._record("outcome", crash, "pass", f"to caller frame {upward[2].frame}")
+            self._count("passed", 1)
+            emit(CrashPassed(where=crash.where, exc_type=type(crash.exception).__qualname__,
+                             reason=f"{upward[2].decision.value} in caller frame "
+                                    f"{upward[2].frame} ({upward[1].f_code.co_qualname})"))
+            return RAISE_CODE
         if decision is RELOAD:
             result = getattr(crash, "_reload", None)
             if result is not None and result.continuation is not None:
@@ -424,6 +451,8 @@ class Engine:
                 patch.result = reload(crash, patch.sources)
                 crash._reload = patch.result  # type: ignore[attr-defined]
                 result = RELOAD
+            elif isinstance(patch, DecisionPatch) and patch.frame:
+                result = self._upward(patch, crash)
             elif isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash)
                 note = getattr(crash, "_resume_note", None)
@@ -435,7 +464,7 @@ class Engine:
             elif isinstance(patch, ExecPatch):
                 if crash is None:
                     raise PatchError("exec needs a crashed frame to run in")
-                _exec_in_frame(crash, patch.code)
+                exec_in_frame(crash.frame_at(patch.frame), patch.code)
             elif isinstance(patch, ReplacePatch):
                 from ._replace import apply_replace
 
@@ -451,6 +480,23 @@ class Engine:
                           summary=patch.summary()))
         self._record("patch", crash, patch)
         return result
+
+    @staticmethod
+    def _upward(patch: DecisionPatch, crash: Crash | None) -> Decision:
+        """A decision for the crash's caller ``patch.frame``: checked that
+        the caller is vaccinated (its barrier takes the exception there);
+        the crash then passes the exception up (``_conclude``)."""
+        if crash is None:
+            raise PatchError("a decision needs a crash to resume")
+        if patch.decision is RELOAD or patch.decision is ABORT:
+            raise PatchError(f"{patch.decision.value} applies to the crash, not to a caller frame")
+        target = crash.frame_at(patch.frame)
+        if cells_of(target.f_code) is None:
+            raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) is not "
+                             "vaccinated: it has no crash barrier to take the decision (vaccinate "
+                             "it with --entry, or decide here)")
+        crash._upward = (crash.exception, target, patch)  # type: ignore[attr-defined]
+        return patch.decision
 
     @staticmethod
     def _check_decision(decision: Decision, crash: Crash | None) -> Decision:
@@ -522,13 +568,15 @@ def _vaccinated_caller(frame: types.FrameType) -> bool:
     return False
 
 
-def _exec_in_frame(crash: Crash, code: str) -> None:
+def exec_in_frame(frame: types.FrameType, code: str) -> None:
+    """Run ``code`` in a suspended frame's context: assignments to its
+    variables are written back; new names become globals.  Raises
+    ``PatchError`` if the code does not compile or raises."""
     try:
         compiled = compile(code, "<daifu exec>", "exec")
     except SyntaxError as err:
         raise PatchError(f"code does not compile: {err}") from None
-    frame = crash.frame
-    ctx = crash.vars
+    ctx = FrameContext(frame)
     if ctx.is_module:
         try:
             exec(compiled, frame.f_globals, read_locals(frame))

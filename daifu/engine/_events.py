@@ -199,6 +199,23 @@ def pinned_stderr() -> Iterator[None]:
         _pinned.pop()
 
 
+_held: list[list[Event]] = []  # events kept back while a console is on the terminal
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Keep events that would be written to stderr back until the block ends
+    (the console on the job's terminal: its report and prompt are not
+    interleaved with log lines); then write them, in order."""
+    _held.append([])
+    try:
+        yield
+    finally:
+        kept = _held.pop()
+        for ev in kept:
+            _write(ev)
+
+
 @dataclass
 class _Sink:
     """Where daifu's events go; the structlog logger is built on first use."""
@@ -229,6 +246,7 @@ def configure(stream: IO[str] | None = None, level: str = "info",
 def _reset() -> None:
     configure()
     _pinned.clear()
+    _held.clear()
 
 
 RUNTIME.on_reset(_reset)
@@ -269,6 +287,16 @@ def emit(ev: Event) -> None:
     try:
         for listener in list(listeners):
             listener(ev)
+        if _held and isinstance(_sink.stream, _CurrentStderr):
+            _held[-1].append(ev)
+            return
+        _write(ev)
+    except Exception:  # logging must never break recovery
+        pass
+
+
+def _write(ev: Event) -> None:
+    try:
         sink = _sink
         if LEVELS[ev.level] < sink.level:
             return

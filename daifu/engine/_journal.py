@@ -152,6 +152,8 @@ class Journal:
             record.update(crash=self.crash_id(crash), attempt=crash.attempt)
         if error:
             record["error"] = error
+        if isinstance(patch, (DecisionPatch, ExecPatch)) and patch.frame:
+            record["frame"] = patch.frame
         if isinstance(patch, DecisionPatch):
             record["decision"] = patch.decision.value
         elif isinstance(patch, ExecPatch):
@@ -283,10 +285,13 @@ class Replay:
 
     def _patch(self, record: dict, crash: Crash) -> Patch | None:
         kind = record.get("kind")
+        level = record.get("frame", 0)
+        if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+            level = 0
         if kind == "decision":
-            return DecisionPatch(Decision(record["decision"]), origin="replay")
+            return DecisionPatch(Decision(record["decision"]), origin="replay", frame=level)
         if kind == "exec":
-            return ExecPatch(record["code"], origin="replay")
+            return ExecPatch(record["code"], origin="replay", frame=level)
         if kind == "reload":
             sources, before = record.get("sources", {}), record.get("before", {})
             for path in sources:

@@ -32,9 +32,12 @@ class DecisionPatch(Patch):
 
     kind: ClassVar[str] = "decision"
     decision: Decision
+    #: 0: the crashed frame; N: its N-th (non-daifu) caller, where the
+    #: exception is handed and the decision is taken (the console's ``up``)
+    frame: int = 0
 
     def summary(self) -> str:
-        return self.decision.value
+        return self.decision.value + (f" (in caller frame {self.frame})" if self.frame else "")
 
 
 @dataclass
@@ -43,10 +46,13 @@ class ExecPatch(Patch):
 
     kind: ClassVar[str] = "exec"
     code: str
+    #: 0: the crashed frame; N: its N-th (non-daifu) caller
+    frame: int = 0
 
     def summary(self) -> str:
         first = self.code.strip().splitlines()[0] if self.code.strip() else ""
-        return first if len(first) < 80 else first[:77] + "..."
+        text = first if len(first) < 80 else first[:77] + "..."
+        return text + (f" (in caller frame {self.frame})" if self.frame else "")
 
 
 @dataclass

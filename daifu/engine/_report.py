@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import linecache
 import reprlib
+import sys
 import traceback
 import types
 from dataclasses import dataclass, field
@@ -125,16 +126,47 @@ _repr.maxlevel = 2
 def summarize(value: Any) -> str:
     """A compact, one-line description of a value (never raises)."""
     try:
-        mod = type(value).__module__ or ""
-        if mod.startswith("torch"):
+        if "torch" in sys.modules:  # (user subclasses of nn.Module live in user modules)
             desc = _torch_summary(value)
             if desc is not None:
                 return desc
+            desc = _container_summary(value)
+            if desc is not None:
+                return desc
         if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) > 6:
-            return f"{type(value).__name__} of {len(value)}: {_repr.repr(value)}"
-        return _repr.repr(value)
+            return f"{type(value).__name__} of {len(value)}: {_one_line(_repr.repr(value))}"
+        return _one_line(_repr.repr(value))
     except Exception as exc:  # a broken __repr__ must not break the report
         return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
+
+
+def _one_line(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split()) if "\n" in text else text
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _container_summary(value: Any, limit: int = 3) -> str | None:
+    """A list/tuple/dict holding torch objects: each summarised (a batch
+    ``[images, labels]``, a dict of tensors), the first ``limit`` shown."""
+    import torch
+
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        parts = [_torch_summary(v) if isinstance(v, torch.Tensor) else None for v in items[:limit]]
+        if not any(isinstance(v, torch.Tensor) for v in items):
+            return None
+        shown = [p if p is not None else summarize(v) for p, v in zip(parts, items)]
+        more = f", ... {len(items) - limit} more" if len(items) > limit else ""
+        open_, close = ("[", "]") if isinstance(value, list) else ("(", ")")
+        return f"{type(value).__name__} of {len(items)}: {open_}{', '.join(shown)}{more}{close}"
+    if isinstance(value, dict):
+        if not any(isinstance(v, torch.Tensor) for v in value.values()):
+            return None
+        keys = list(value)
+        shown = [f"{k!r}: {summarize(value[k])}" for k in keys[:limit]]
+        more = f", ... {len(keys) - limit} more" if len(keys) > limit else ""
+        return f"{type(value).__name__} of {len(keys)}: {{{', '.join(shown)}{more}}}"
+    return None
 
 
 def _torch_summary(value: Any) -> str | None:

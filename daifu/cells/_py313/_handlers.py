@@ -295,9 +295,11 @@ def effects(code: types.CodeType, start: int, stop: int) -> list[tuple[str, str,
     import dis
 
     out: list[tuple[str, str, object]] = []
-    for ins in dis.get_instructions(code):
-        if not start <= ins.offset < stop:
-            continue
+    # ``stop`` is where the exception was raised: the instruction holding it
+    # (``stop`` may point into its inline cache) did not complete -- a call
+    # that raised did not do its work
+    ran = [ins for ins in dis.get_instructions(code) if start <= ins.offset <= stop]
+    for ins in ran[:-1]:
         if ins.opname in ("CALL", "CALL_KW", "CALL_FUNCTION_EX"):
             out.append(("call", "", ins.positions))
         elif ins.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "DELETE_ATTR"):

@@ -1,0 +1,257 @@
+"""The console as pdb's users expect it: ``up``/``down`` (the paper's
+*focus*: inspect, exec and retry in a caller's frame), ``bt``, ``l``/``ll``,
+``pp``, bare expressions, ``n = 5`` as Python, attribute completion; the
+report's summaries and effects; log lines held back while the console has
+the terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import daifu
+from daifu.engine import ENGINE, _events
+from daifu.engine._console import Console, _loop, run_line
+from daifu.engine._events import capture
+from daifu.engine._report import build
+
+from .support import vaccinate
+
+PROGRAM = '''
+def load(path, attempts):
+    attempts.append(path)
+    return {"a.txt": 1, "b.txt": 2}[path]
+
+
+def step(path, attempts):
+    n = 5
+    value = load(path, attempts)
+    return value * 10
+
+
+def train(paths):
+    attempts = []
+    out = []
+    for path in paths:
+        out.append(step(path, attempts))
+    return out, attempts
+'''
+
+
+@pytest.fixture
+def program():
+    return vaccinate(PROGRAM, entries=("step", "train"))
+
+
+def _session(crash, lines):
+    transcript = []
+    for line in lines:
+        console, out = run_line(crash, ENGINE, line, "test")
+        transcript.append((line, console.ok, out.rstrip(), console.decision))
+    return transcript
+
+
+def test_up_inspects_and_changes_a_caller_then_retries_there(program):
+    seen = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        # load() is not vaccinated: the crash is at step()'s statement; the fix
+        # belongs to train(), which picked the path
+        seen["session"] = _session(crash, [
+            "bt", "up", "p path", "!path = 'b.txt'", "down", "p n", "up", "retry"])
+        return None  # the console queued the decision
+
+    with capture() as events:
+        out, attempts = program["train"](["a.txt", "c.txt"])
+    assert out == [10, 20] and attempts == ["a.txt", "c.txt", "b.txt"]
+    session = {line: (ok, text, decision) for line, ok, text, decision in seen["session"]}
+    bt = session["bt"][1].splitlines()
+    assert ">  0" in bt[-2] and "in step()" in bt[-2] and "crashed here" in bt[-2]
+    assert any("in train()" in line for line in bt)
+    assert "> frame 1" in session["up"][1] and "in train()" in session["up"][1]
+    assert session["p path"][1] == "'c.txt'"  # train()'s variable
+    assert session["p n"][1] == "5"  # down: step()'s again
+    assert session["retry"][2] is daifu.RETRY
+    passed = [e for e in events if e["event"] == "crash.passed"]
+    assert len(passed) == 1 and "retry in caller frame 1 (train)" in passed[0]["reason"]
+    crashes = [e["function"] for e in events if e["event"] == "crash.intercepted"]
+    assert crashes == ["step", "train"]  # train's barrier took the retry, nobody was asked
+    resumed = [e for e in events if e["event"] == "crash.resumed"]
+    assert len(resumed) == 1 and resumed[0]["where"].endswith(":17")
+
+
+def test_a_decision_for_a_caller_that_is_not_vaccinated_is_refused(program):
+    answers = []
+
+    @daifu.on(KeyError)
+    def console(crash):
+        answers.extend(_session(crash, ["up 2", "retry", "down 2", "!path = 'a.txt'",
+                                        "retry"]))
+        return None
+
+    # frame 2 is this test function: not vaccinated, no barrier to retry in
+    out, _ = program["train"](["c.txt"])
+    assert out == [10]
+    up2, retry_up, *_rest, retry = answers
+    assert "frame 2" in up2[2]
+    assert retry_up[1] is False and "is not vaccinated" in retry_up[2]
+    assert retry[3] is daifu.RETRY
+
+
+def test_a_line_that_looks_like_python_is_python_not_a_command(program):
+    lines = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        lines.update({line: (ok, text, decision) for line, ok, text, decision in _session(
+            crash, ["n = 7", "p n", "n * 2", "r = 3", "pp {'k': [1, 2]}", "p (n)",
+                    "!path = 'a.txt'", "retry"])})
+        return None
+
+    out, attempts = program["train"](["c.txt"])
+    assert out == [10]
+    assert lines["n = 7"][2] is None and lines["r = 3"][2] is None  # no decision taken
+    assert lines["p n"][1] == "7" and lines["n * 2"][1] == "14" and lines["p (n)"][1] == "7"
+    assert lines["pp {'k': [1, 2]}"][1] == "{'k': [1, 2]}"
+    assert lines["retry"][2] is daifu.RETRY
+
+
+def test_listing_and_completion_follow_the_focus(program):
+    seen = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        c = Console(crash, ENGINE, stdin=io.StringIO(), stdout=io.StringIO(), local=False)
+        seen["names"] = c.completedefault("pa", "pa", 0, 2)
+        seen["attrs"] = c.completedefault("attempts.app", "attempts.app", 0, 12)
+        seen["call"] = c.completedefault("load(1).x", "load(1).x", 0, 9)  # never called
+        seen["l"] = _session(crash, ["l"])[0][2]
+        seen["ll_up"] = _session(crash, ["up", "ll"])[1][2]
+        _session(crash, ["down", "!path = 'a.txt'", "retry"])
+        return None
+
+    program["train"](["c.txt"])
+    assert "path" in seen["names"] and "paths" not in seen["names"]  # step()'s, not train()'s
+    assert seen["attrs"] == ["attempts.append"]
+    assert seen["call"] == []
+    assert "->     value = load(path, attempts)" in seen["l"]
+    assert "def train(paths):" in seen["ll_up"] and "->         out.append(step(" in seen["ll_up"]
+
+
+def test_report_does_not_claim_the_call_that_raised():
+    ns = vaccinate('''
+def f(x):
+    return x + 1
+
+def g(x):
+    raise ValueError("g failed")
+
+def train(xs):
+    for x in xs:  # iterate over the data (a comment)
+        y = g(f(x))
+''', entries=("train",))
+    reports = []
+
+    @daifu.on(ValueError)
+    def look(crash):
+        reports.append(build(crash))
+        return daifu.ABORT
+
+    with pytest.raises(ValueError):
+        ns["train"]([1])
+    assert reports[0].done_before == ["call: f(x)"]  # g(f(x)) raised: it did not do its work
+
+
+def test_a_loop_header_is_shown_without_its_comment():
+    ns = vaccinate('''
+def data():
+    raise OSError("shard missing")
+
+def train():
+    for x in data():  # iterate over the data (a comment)
+        pass
+''', entries=("train",))
+    statements = []
+
+    @daifu.on(OSError)
+    def look(crash):
+        statements.append(crash.statement)
+        return daifu.ABORT
+
+    with pytest.raises(OSError):
+        ns["train"]()
+    assert statements == ["for x in data():"]
+
+
+def test_report_summarises_user_modules_and_batches_on_one_line():
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    from daifu.engine._report import summarize
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+
+    class Adam2(torch.optim.Adam):
+        pass
+
+    net = Net()
+    assert summarize(net) == "Net module, 8 parameters, training=True"
+    assert summarize(Adam2(net.parameters(), lr=0.5)).startswith("Adam2 optimizer, 1 param group")
+    batch = [torch.ones(2, 3), torch.zeros(2, dtype=torch.int64)]
+    assert summarize(batch) == ("list of 2: [tensor(2, 3) float32 cpu min=1 max=1, "
+                                "tensor(2,) int64 cpu min=0 max=0]")
+    assert summarize({"x": torch.ones(1), "n": 3}) == \
+        "dict of 2: {'x': tensor(1,) float32 cpu min=1 max=1, 'n': 3}"
+    assert "\n" not in summarize(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_log_lines_wait_while_the_console_has_the_terminal(program, monkeypatch):
+    timeline = []
+    texts = []
+
+    class Recorder(io.StringIO):
+        def __init__(self, who):
+            super().__init__()
+            self.who = who
+
+        def write(self, text):
+            timeline.append(self.who)
+            texts.append((self.who, text))
+            return len(text)
+
+        def isatty(self):
+            return False
+
+    monkeypatch.setattr("sys.stderr", Recorder("log"))
+    _events.configure()  # daifu's events on (the current) sys.stderr
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        c = Console(crash, ENGINE, stdin=io.StringIO("!path = 'a.txt'\nretry\n"),
+                    stdout=Recorder("console"), local=True)
+        c.use_rawinput = False
+        _loop(c, crash)
+        timeline.append("closed")
+        return None
+
+    try:
+        assert program["train"](["c.txt"])[0] == [10]
+    finally:
+        _events.configure()
+    first_console = timeline.index("console")
+    last_console = len(timeline) - 1 - timeline[::-1].index("console")
+    assert "log" in timeline[:first_console]  # crash.intercepted comes before the report
+    # patch.applied (the exec, the decision) waited for the console to finish...
+    assert "log" not in timeline[first_console:last_console], [t for t in texts if t[0] == "log"]
+    assert "log" in timeline[last_console:timeline.index("closed")]  # ...then was written
