@@ -3,6 +3,7 @@ blocking other threads."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +125,79 @@ def test_a_crash_in_another_thread_is_handled_while_a_rule_waits_for_it():
 
     assert ns["work"](box, "main") == "main fixed"
     assert worker_result == ["worker fixed"]
+
+
+def test_notify_runs_a_command_when_the_job_starts_waiting(tmp_path):
+    # what a person is told (who crashed, where, how to attach) arrives in the
+    # command's environment; the job does not wait for the command
+    note = tmp_path / "note.txt"
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    command = (f'printf "%s|%s|%s|%s" "$DAIFU_PID" "$DAIFU_WHERE" "$DAIFU_EXCEPTION" '
+               f'"$DAIFU_ATTACH" > {note}')
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--wait", "60", "--notify", command,
+                             str(script)], cwd=tmp_path, env={**os.environ, "DAIFU_CONSOLE": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        _wait_for_socket(proc)
+        deadline = time.monotonic() + 30
+        while not (note.exists() and note.read_text()):
+            assert time.monotonic() < deadline, "the notify command did not run"
+            time.sleep(0.05)
+        pid, where, exc, attach = note.read_text().split("|")
+        assert pid == str(proc.pid) and where.endswith("nested.py:4")
+        assert exc == "ZeroDivisionError" and attach.endswith(f"-m daifu attach {proc.pid}")
+        listed = subprocess.run([sys.executable, "-m", "daifu", "ps", "--json"],
+                                capture_output=True, text=True, timeout=60)
+        jobs = {job["pid"]: job for job in json.loads(listed.stdout)}
+        assert jobs[proc.pid]["state"] == "waiting"
+        assert jobs[proc.pid]["exc_type"] == "ZeroDivisionError"
+        subprocess.run([sys.executable, "-m", "daifu", "send", str(proc.pid), "abort"],
+                       capture_output=True, timeout=60)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and '"event": "notify.sent"' in err
+
+
+def test_ps_lists_running_jobs_too(tmp_path):
+    script = tmp_path / "slow.py"
+    marker = tmp_path / "started"
+    script.write_text(f"import time, pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+                      "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", str(script), "--flag"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        job_file = Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{proc.pid}.job"
+        assert job_file.exists() and (job_file.stat().st_mode & 0o777) == 0o600
+        listed = subprocess.run([sys.executable, "-m", "daifu", "ps"], capture_output=True,
+                                text=True, timeout=60)
+        line = next(x for x in listed.stdout.splitlines() if x.strip().startswith(str(proc.pid)))
+        assert "running" in line
+        assert f"{script} --flag" in listed.stdout
+        listed_json = subprocess.run([sys.executable, "-m", "daifu", "ps", "--json"],
+                                     capture_output=True, text=True, timeout=60)
+        job = next(j for j in json.loads(listed_json.stdout) if j["pid"] == proc.pid)
+        assert job["state"] == "running" and job["argv"] == [str(script), "--flag"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    # SIGTERM skipped the job's atexit: its file is stale; ps skips and removes it
+    done = subprocess.run([sys.executable, "-m", "daifu", "ps", "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.pid not in {j["pid"] for j in json.loads(done.stdout)}
+    assert not job_file.exists()
+
+
+def test_a_finished_job_removes_its_job_file(tmp_path):
+    script = tmp_path / "quick.py"
+    script.write_text("import os\nprint(os.getpid())\n")
+    proc = run_daifu([script], cwd=tmp_path)
+    pid = int(proc.stdout.strip())
+    assert not (Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{pid}.job").exists()

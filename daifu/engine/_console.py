@@ -130,6 +130,15 @@ class Console(cmd.Cmd):
                          "type help")
                 return False
             return self._exec(line)
+        if line.isidentifier():  # a bare word: a command mistyped, or a variable
+            try:
+                self._eval(line)
+            except NameError:
+                self.ok = False
+                self.say(f"unknown command {line!r} (and no variable of that name); type help")
+                return False
+            except Exception:
+                pass  # (reported by _print below)
         return self._print(line, pretty=False)
 
     # -- the frame in focus -------------------------------------------------------------
@@ -375,9 +384,9 @@ class Console(cmd.Cmd):
             self.ok = False
             self.say(str(err))
             return False
-        except Exception:
-            self.ok = False
-            self.say(traceback.format_exc(limit=-1).rstrip())
+        except Exception as exc:
+            self.ok = False  # (the exception alone: not the command machinery it ran in)
+            self.say("".join(traceback.format_exception_only(exc)).rstrip())
             return False
         self.say(pprint.pformat(value, width=100) if pretty else _safe_repr(value))
         return False

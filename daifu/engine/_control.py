@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,82 +24,13 @@ from dataclasses import dataclass, field
 from queue import Queue
 from typing import Any
 
-from .._private import check_private as _check_private
-
-RUNTIME_ENV = "DAIFU_RUNTIME_DIR"
-
-
-class EndpointError(Exception):
-    """The control endpoint cannot be opened safely."""
-
-
-def _candidates() -> list[str]:
-    """Where control sockets may live, in order of preference."""
-    explicit = os.environ.get(RUNTIME_ENV)
-    if explicit:
-        return [explicit]
-    out = []
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg) and os.stat(xdg).st_uid == os.getuid():
-        out.append(os.path.join(xdg, "daifu"))
-    out.append(os.path.join(os.environ.get("TMPDIR") or "/tmp", f"daifu-{os.getuid()}"))
-    # anyone can create /tmp/daifu-$UID first; then the sockets live here
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                             "state")
-    out.append(os.path.join(state, "daifu", "run"))
-    return out
-
-
-def runtime_dir(create: bool = True) -> str:
-    """This user's private directory for control sockets.  ``DAIFU_RUNTIME_DIR``
-    must be private; otherwise a default that another user created (or made
-    readable) is passed over, and the job says where it listens instead."""
-    candidates = _candidates()
-    problems = []
-    for n, path in enumerate(candidates):
-        last = n == len(candidates) - 1
-        if create:
-            try:
-                os.makedirs(path, 0o700) if last else os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                problems.append(f"{path}: {exc.strerror}")
-                continue
-        try:
-            check_private(path)
-        except EndpointError as exc:
-            if len(candidates) == 1:
-                raise
-            problems.append(str(exc))
-            continue
-        if problems and create:
-            sys.stderr.write(f"daifu: not using {'; '.join(problems)}\n"
-                             f"daifu: control sockets are in {path}\n")
-        return path
-    raise EndpointError("no private directory for control sockets: " + "; ".join(problems))
-
-
-def runtime_dirs() -> list[str]:
-    """The private directories where this user's jobs may listen (clients
-    look in all of them)."""
-    out = []
-    for path in _candidates():
-        if not os.path.lexists(path):
-            continue
-        try:
-            check_private(path)
-        except EndpointError:
-            if os.environ.get(RUNTIME_ENV):
-                raise
-            continue
-        out.append(path)
-    return out
-
-
-def check_private(path: str) -> None:
-    """Refuse a directory that another user could write or read."""
-    _check_private(path, "control sockets", EndpointError)
+from ._rundir import (  # noqa: F401 - re-exported: where sockets live
+    RUNTIME_ENV,
+    EndpointError,
+    check_private,
+    runtime_dir,
+    runtime_dirs,
+)
 
 
 def _read_request(conn: socket.socket, timeout: float = 1.0) -> None:

@@ -174,6 +174,27 @@ class InternalError(Event):
     traceback: str
 
 
+@dataclass(frozen=True)
+class NotifySent(Event):
+    """``--notify CMD`` was started: the job waits for a fix."""
+
+    event: ClassVar[str] = "notify.sent"
+    level: ClassVar[str] = "info"
+    where: str
+    command: str
+
+
+@dataclass(frozen=True)
+class NotifyFailed(Event):
+    """``--notify CMD`` could not be started (the job waits all the same)."""
+
+    event: ClassVar[str] = "notify.failed"
+    level: ClassVar[str] = "warning"
+    where: str
+    command: str
+    error: str
+
+
 _pinned: list[Any] = []  # the job's own stderr, while the console redirects sys.stderr
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ._crash import exception_text
 from ._decision import ABORT, Decision
 from ._engine import PASSED_ON
-from ._events import CrashReport, CrashWaiting, InternalError, emit
+from ._events import CrashReport, CrashWaiting, InternalError, NotifyFailed, NotifySent, emit
 from ._queue import DecisionPatch
 
 if TYPE_CHECKING:
@@ -37,9 +37,10 @@ class _Terminated(BaseException):
 class Waiter:
     """An interactive patch source (``Engine.waiters``)."""
 
-    def __init__(self, console: bool, wait: float | None):
+    def __init__(self, console: bool, wait: float | None, notify: str | None = None):
         self.console = console
         self.wait_s = wait  # None: forever; 0: do not wait without a console
+        self.notify = notify  # a shell command run when a crash starts waiting
         # one human at a time: a crash in another thread waits its turn (no
         # engine-wide lock is held, so rules in other threads go on meanwhile)
         self._lock = threading.Lock()
@@ -64,6 +65,7 @@ class Waiter:
                   "argv": sys.argv[:], "console": self.console}
         if self.console:
             server = self._open(status, report.render(), local=True)
+            self._notify(crash, server)
             try:
                 console = run_local(crash, engine)
             finally:
@@ -75,6 +77,7 @@ class Waiter:
             return "the control endpoint could not be opened (see daifu.internal_error)"
         emit(CrashWaiting(where=crash.where, socket=server.path, pid=os.getpid(),
                           wait_s=self.wait_s if self.wait_s is not None else -1))
+        self._notify(crash, server)
         sys.stderr.write(report.render() + "\n")
         limit = "forever" if self.wait_s is None else f"up to {self.wait_s:g}s"
         sys.stderr.write(f"daifu: waiting {limit} for a fix -- from another terminal: "
@@ -118,6 +121,28 @@ class Waiter:
                 return None
             if self.wait_s is not None:  # the wait bounds idleness, not a working session
                 deadline = time.monotonic() + self.wait_s
+
+    def _notify(self, crash: Crash, server: ControlServer | None) -> None:
+        """Run ``--notify CMD`` (in the background; it never holds the job up)."""
+        if not self.notify:
+            return
+        import subprocess
+
+        pid = os.getpid()
+        env = dict(os.environ, DAIFU_PID=str(pid), DAIFU_WHERE=crash.where,
+                   DAIFU_FUNCTION=crash.function, DAIFU_STATEMENT=crash.statement,
+                   DAIFU_EXCEPTION=type(crash.exception).__qualname__,
+                   DAIFU_MESSAGE=exception_text(crash.exception, 500, one_line=True),
+                   DAIFU_ATTACH=f"{sys.executable} -m daifu attach {pid}",
+                   DAIFU_SOCKET=server.path if server is not None else "",
+                   DAIFU_ARGV=" ".join(sys.argv))
+        try:
+            subprocess.Popen(self.notify, shell=True, env=env, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        except OSError as exc:
+            emit(NotifyFailed(where=crash.where, command=self.notify, error=str(exc)))
+            return
+        emit(NotifySent(where=crash.where, command=self.notify))
 
     def _open(self, status, report, local: bool) -> ControlServer | None:
         from ._control import ControlServer, EndpointError

@@ -13,6 +13,8 @@
 | DAIFU_WAIT           | --wait           | without a terminal: wait this long (s) for a remote |
 |                      |                  | fix between commands; 0 (default) = do not wait     |
 | DAIFU_CONSOLE        | --no-console     | 0: no console even on a terminal                    |
+| DAIFU_NOTIFY         | --notify         | shell command run when the job starts waiting for a |
+|                      |                  | human (DAIFU_PID, DAIFU_WHERE, ... in its env)      |
 | DAIFU_JOURNAL        | --journal        | the journal file (default under ~/.local/state)     |
 | DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
@@ -67,6 +69,7 @@ class Config:
     main: str | None = None
     wait: float | None = 0.0  # None: forever
     console: bool = True
+    notify: str | None = None
     journal: str | None = None
     replay: str | None = None
     cache: str = ""
@@ -87,6 +90,7 @@ class Config:
         )
         cfg.console = env.get("DAIFU_CONSOLE", "1").lower() not in ("0", "false", "no", "off")
         cfg.journal = env.get("DAIFU_JOURNAL") or None
+        cfg.notify = env.get("DAIFU_NOTIFY") or None
         cfg.replay = env.get("DAIFU_REPLAY") or None
         cfg.cache = env.get("DAIFU_CACHE", "").strip()
         if env.get("DAIFU_WAIT"):
@@ -154,6 +158,8 @@ class Config:
         os.environ["DAIFU_WAIT"] = "inf" if self.wait is None else f"{self.wait:g}"
         if not self.console:
             os.environ["DAIFU_CONSOLE"] = "0"
+        if self.notify:
+            os.environ["DAIFU_NOTIFY"] = self.notify
         if self.replay:
             os.environ["DAIFU_REPLAY"] = os.path.abspath(self.replay)
         if self.cache:
@@ -191,7 +197,7 @@ class Config:
         console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
         ENGINE.waiters[:] = []
         if console or self.wait != 0:
-            ENGINE.waiters.append(Waiter(console=console, wait=self.wait))
+            ENGINE.waiters.append(Waiter(console=console, wait=self.wait, notify=self.notify))
             os.register_at_fork(after_in_child=_no_waiting_in_forked_children)
 
 

@@ -3,31 +3,61 @@ on a crash, from another terminal (same user only; see engine/_control.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 
 from ..engine._control import EndpointError, Session, list_jobs, request
+from ..engine._rundir import running_jobs
 
 #: exit statuses of ``send``
 RESUMED, STILL_WAITING, FAILED, NO_JOB = 0, 1, 2, 3
 
 
 def ps(args: list[str]) -> int:
+    as_json = "--json" in args
+    unknown = [a for a in args if a != "--json"]
+    if unknown:
+        print("usage: python -m daifu ps [--json]", file=sys.stderr)
+        return FAILED
     try:
-        jobs = list_jobs()
+        waiting = list_jobs()
+        running = running_jobs()
     except EndpointError as exc:
         print(f"daifu ps: {exc}", file=sys.stderr)
         return NO_JOB
-    if not jobs:
-        print("no daifu job is waiting on a crash")
+    now = time.time()
+    waiting_pids = {job["pid"] for job in waiting}
+    jobs = [{**job, "state": "waiting"} for job in waiting]
+    jobs += [job for job in running if job["pid"] not in waiting_pids]
+    if as_json:
+        print(json.dumps(jobs, indent=1, default=str))
         return 0
-    print(f"{'PID':>7}  {'WAITING':>8}  {'EXCEPTION':<24} WHERE / STATEMENT")
+    if not jobs:
+        print("no daifu job is running")
+        return 0
+    print(f"{'PID':>7}  {'STATE':<8} {'FOR':>7}  WHERE / PROGRAM")
     for job in jobs:
-        how = " (console on its terminal)" if job.get("console") else ""
-        print(f"{job['pid']:>7}  {job['waiting_s']:>7.0f}s  {job['exc_type']:<24} "
-              f"{job['where']} in {job['function']}(){how}")
-        print(f"{'':>44}{job['statement']}")
-        print(f"{'':>44}{' '.join(job.get('argv', []))}")
+        if job["state"] == "waiting":
+            how = " (console on its terminal)" if job.get("console") else ""
+            print(f"{job['pid']:>7}  {'waiting':<8} {job['waiting_s']:>6.0f}s  "
+                  f"{job['exc_type']} at {job['where']} in {job['function']}(){how}")
+            print(f"{'':>27}{job['statement']}")
+        else:
+            since = now - float(job.get("started") or now)
+            print(f"{job['pid']:>7}  {'running':<8} {_duration(since):>7}  "
+                  f"{job.get('cwd', '')}")
+        print(f"{'':>27}{' '.join(str(a) for a in job.get('argv', []))}")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}"
 
 
 def send(args: list[str]) -> int:

@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", metavar="SECONDS",
                    help="without a terminal: wait for a fix from `python -m daifu attach/send` "
                         "(SECONDS between commands, or 'inf'); default 0: give up at once")
+    p.add_argument("--notify", metavar="CMD",
+                   help="run the shell command CMD when the job starts waiting for a fix "
+                        "(who crashed, where and how to attach are in its environment: "
+                        "DAIFU_PID, DAIFU_WHERE, DAIFU_EXCEPTION, DAIFU_ATTACH, ...)")
     p.add_argument("--no-console", action="store_true",
                    help="never open the interactive console, even on a terminal")
     p.add_argument("--journal", metavar="FILE",
@@ -115,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
     """Split into (daifu options, script, module, program args)."""
     takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-level",
-                   "--wait", "--journal", "--replay"}
+                   "--wait", "--journal", "--replay", "--notify"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -154,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
                                 log_level=None, strict=False, dump=None, wait=None,
-                                no_console=False, journal=None, replay=None, no_cache=False,
-                                unprotected=False)
+                                notify=None, no_console=False, journal=None, replay=None,
+                                no_cache=False, unprotected=False)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
@@ -191,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.dump = ns.dump
         if ns.wait is not None:
             cfg.wait = parse_wait(ns.wait)
+        if ns.notify:
+            cfg.notify = ns.notify
         if ns.no_console:
             cfg.console = False
         if ns.journal:
@@ -231,10 +237,25 @@ def main(argv: list[str] | None = None) -> None:
     load_fixes(cfg.fixes, fatal=True)
     _install_excepthook()
     atexit.register(_summary)
+    _register_job(script, module, args, cfg)
     if module is not None:
         _run_module(module, args, cfg)
     elif script is not None:
         _run_script(script, args, cfg)
+
+
+def _register_job(script, module, args, cfg) -> None:
+    """A job file for ``python -m daifu ps`` (removed at exit)."""
+    import time
+
+    from ..engine._rundir import register_job, unregister_job
+
+    program = [script] if script is not None else ["-m", module]
+    info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
+            "started": time.time(), "python": sys.version.split()[0],
+            "log": cfg.log, "journal": cfg.journal}
+    if register_job(info) is not None:
+        atexit.register(unregister_job)
 
 
 def _summary(fatal: BaseException | None = None) -> None:
