@@ -111,7 +111,7 @@ def test_a_line_that_looks_like_python_is_python_not_a_command(program):
             return None
         lines.update({line: (ok, text, decision) for line, ok, text, decision in _session(
             crash, ["n = 7", "p n", "n * 2", "r = 3", "pp {'k': [1, 2]}", "p (n)",
-                    "!path = 'a.txt'", "retry"])})
+                    "!(n, r) = (1, 2)", "p (n, r)", "!path = 'a.txt'", "retry"])})
         return None
 
     out, attempts = program["train"](["c.txt"])
@@ -119,6 +119,7 @@ def test_a_line_that_looks_like_python_is_python_not_a_command(program):
     assert lines["n = 7"][2] is None and lines["r = 3"][2] is None  # no decision taken
     assert lines["p n"][1] == "7" and lines["n * 2"][1] == "14" and lines["p (n)"][1] == "7"
     assert lines["pp {'k': [1, 2]}"][1] == "{'k': [1, 2]}"
+    assert lines["p (n, r)"][1] == "(1, 2)"  # `!(...` is a statement, not cmd's shell
     assert lines["retry"][2] is daifu.RETRY
 
 

@@ -90,7 +90,9 @@ class Console(cmd.Cmd):
     def onecmd(self, line: str) -> bool:
         self.ok = True
         cmd_, arg, _ = self.parseline(line)
-        python = bool(cmd_ and arg and _looks_like_code(cmd_, arg))  # `n = 5`: not `next`
+        # `n = 5` is Python, not `next` (`!...` and `?` are cmd's own shorthands)
+        python = bool(cmd_ and arg and not line.lstrip().startswith(("!", "?"))
+                      and _looks_like_code(cmd_, arg))
         try:
             with self._redirected():
                 return self._python(line) if python else bool(super().onecmd(line))

@@ -185,6 +185,9 @@ class Engine:
                 if self._pending:  # a retry that raised again and is not a crash: it is over
                     with self._lock:
                         self._pending.pop((id(frame), cell), None)
+                forward = self._forward.get(id(exc))
+                if forward is not None and forward[1] is frame:
+                    del self._forward[id(exc)]  # the caller handles it itself: nothing to do
                 return RAISE_CODE
             # no lock is held while rules or a human work: a crash in another
             # thread is handled at the same time (rules a thread waits on must
@@ -538,6 +541,7 @@ class Engine:
         self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
         self.rules.clear()
         self._pending.clear()
+        self._forward.clear()
         self.gave_up.clear()
         self.waiters.clear()
         self.stats.clear()

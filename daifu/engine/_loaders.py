@@ -37,7 +37,7 @@ from ..cells import read_locals
 
 _DATALOADER = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
 #: generator functions known to yield their iterable's items unchanged:
-#: (module prefix, code qualname)
+#: (the package directory their file is in, code qualname)
 _PASS_THROUGH = (("tqdm", "tqdm.__iter__"),)
 #: how many sent-but-unanswered batches a worker iterator remembers at most
 #: (``prefetch_factor * num_workers`` are outstanding; this bounds a leak
@@ -150,10 +150,9 @@ def _refetch(it: Any, index: Any) -> Any:
 
 def _pass_through(gen: types.GeneratorType) -> bool:
     code = gen.gi_code
-    module = (code.co_filename.replace(os.sep, "/").rsplit("/site-packages/", 1)[-1]
-              .replace("/", "."))
-    return any(code.co_qualname == qual and module.startswith(prefix)
-               for prefix, qual in _PASS_THROUGH)
+    folders = os.path.dirname(code.co_filename).split(os.sep)
+    return any(code.co_qualname == qual and package in folders
+               for package, qual in _PASS_THROUGH)
 
 
 def rewrap(iterator: Any, exc: BaseException) -> tuple[Any, str] | None:
