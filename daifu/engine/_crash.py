@@ -143,6 +143,10 @@ class Crash(Capabilities):
     def _release(self) -> None:
         self._frame = None
         self.vars = None  # type: ignore[assignment]
+        # what was found for the loop header holds the program's objects
+        self.batch = self.rewrap = None
+        self.__dict__.pop("_continuation", None)
+        self.__dict__.pop("_upward", None)
 
     def __repr__(self) -> str:
         exc = self.exception
