@@ -256,3 +256,29 @@ def test_log_lines_wait_while_the_console_has_the_terminal(program, monkeypatch)
     # patch.applied (the exec, the decision) waited for the console to finish...
     assert "log" not in timeline[first_console:last_console], [t for t in texts if t[0] == "log"]
     assert "log" in timeline[last_console:timeline.index("closed")]  # ...then was written
+
+
+def test_a_change_made_in_a_caller_is_journaled_with_its_frame_and_replayed(program, tmp_path):
+    from daifu.engine._journal import Journal, Replay
+
+    from .support import read_events
+
+    journal = tmp_path / "j.jsonl"
+    ENGINE.journal = Journal(str(journal))
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        _session(crash, ["up", "!path = 'b.txt'", "retry"])
+        return None
+
+    first = program["train"](["a.txt", "c.txt"])
+    records = [r for r in read_events(journal) if r["type"] == "patch"]
+    exec_record = next(r for r in records if r["kind"] == "exec")
+    assert exec_record["frame"] == 1 and exec_record["frame_function"] == "train"
+
+    ENGINE.reset()
+    ENGINE.replay = Replay(str(journal))  # no rule now: the journal fixes it
+    assert program["train"](["a.txt", "c.txt"]) == first == ([10, 20],
+                                                              ["a.txt", "c.txt", "b.txt"])

@@ -154,6 +154,11 @@ class Journal:
             record["error"] = error
         if isinstance(patch, (DecisionPatch, ExecPatch)) and patch.frame:
             record["frame"] = patch.frame
+            try:  # which function that frame ran: replay checks it is the same one
+                record["frame_function"] = crash.frame_at(patch.frame).f_code.co_qualname \
+                    if crash is not None else None
+            except Exception:
+                record["frame_function"] = None
         if isinstance(patch, DecisionPatch):
             record["decision"] = patch.decision.value
         elif isinstance(patch, ExecPatch):
@@ -288,6 +293,17 @@ class Replay:
         level = record.get("frame", 0)
         if not isinstance(level, int) or isinstance(level, bool) or level < 0:
             level = 0
+        if level:
+            try:
+                running = crash.frame_at(level).f_code.co_qualname
+            except Exception:
+                running = None
+            if running is None or running != record.get("frame_function"):
+                emit(ReplaySkipped(where=crash.where, reason=(
+                    f"the recorded {kind} was for caller frame {level} "
+                    f"({record.get('frame_function')}), which is now "
+                    f"{running or 'missing'}: skipped")))
+                return None
         if kind == "decision":
             return DecisionPatch(Decision(record["decision"]), origin="replay", frame=level)
         if kind == "exec":
