@@ -27,6 +27,7 @@ from typing import Any
 from ._rundir import (  # noqa: F401 - re-exported: where sockets live
     RUNTIME_ENV,
     EndpointError,
+    _alive,
     check_private,
     runtime_dir,
     runtime_dirs,
@@ -326,16 +327,6 @@ def _jobs_in(directory: str) -> list[dict]:
         if status.get("ok"):
             jobs.append({"pid": pid, **status})
     return jobs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Session:

@@ -346,12 +346,7 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     back, reason = backend()
     if back is None:
         raise PatchError(f"reload: {reason}")
-    frame = crash.frame
-    code = frame.f_code
-    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
-                        | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
-        raise PatchError("reload: the crashed function is a generator or coroutine; its running "
-                         "call cannot switch to new code (nothing was changed)")
+    code = crash.frame.f_code
     if f.loaded is None:
         raise PatchError("reload: the running function's file was not vaccinated")
     old_plain = original_code(code)
