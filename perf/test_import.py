@@ -111,6 +111,93 @@ def test_transform_time_per_function_and_instruction(tmp_path):
         assert cached < rewrite / 10
 
 
+def test_import_cost_with_the_default_selection(tmp_path):
+    """The runner's default: functions with a loop rewritten at import, every
+    other function and method given a first-call stub.  Cold (no cache) and
+    cached, against a plain compile of the same module."""
+    source = _model_like(40)
+    options.strict = False
+    selection = Selection(("*",), lazy=True)
+    eager = Selection(("**",))
+    rounds = size(5, 1)
+
+    def timed(fn) -> float:
+        runs = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs)
+
+    options.cache = None
+    plain = timed(lambda: compile(source, "corpus.py", "exec"))
+    cold = timed(lambda: vaccinate_source(source, "corpus.py", selection))
+    everything = timed(lambda: vaccinate_source(source, "corpus.py", eager))
+    _, report = vaccinate_source(source, "corpus.py", selection)
+    options.cache = CodeCache(str(tmp_path / "cache"))
+    try:
+        vaccinate_source(source, "corpus.py", selection)
+        cached = timed(lambda: vaccinate_source(source, "corpus.py", selection))
+        assert vaccinate_source(source, "corpus.py", selection)[1].cached
+    finally:
+        options.cache = None
+    eager_n, lazy_n = len(report.vaccinated), len(report.lazy)
+    record("Import cost", f"default selection: {eager_n} loop functions rewritten, {lazy_n} "
+           "stubs", cold * 1e3, "ms", "", f"{cold / plain:.1f}x a plain compile "
+           f"({plain * 1e3:.1f} ms); every function rewritten: {everything * 1e3:.0f} ms")
+    record("Import cost", "  per stub (import)", (cold - plain) / (eager_n + lazy_n) * 1e6, "us",
+           "", "an upper bound: includes the loop functions' rewrite")
+    record("Import cost", "  the same, from the code cache", cached * 1e3, "ms", "",
+           f"{cached / plain:.2f}x a plain compile")
+    # the first call of a stubbed function: its rewrite, once
+    ns: dict = {"__name__": "models"}
+    exec(vaccinate_source(source, "models.py", selection)[0], ns)
+    import linecache
+
+    linecache.cache["models.py"] = (len(source), None, source.splitlines(True), "models.py")
+    blocks = [ns[f"Block{i}"](i) for i in range(40)]
+    t0 = time.perf_counter()
+    for b in blocks:
+        b.forward(1.0)
+    first = (time.perf_counter() - t0) / len(blocks)
+    record("Import cost", "  first call of a stubbed function (its rewrite)", first * 1e6, "us")
+    assert lazy_n >= 200
+    if ASSERT:
+        assert cold < everything / 2
+
+
+def _model_like(classes: int) -> str:
+    """A module shaped like model code: classes of short methods, few loops."""
+    out = ["import math\n"]
+    for i in range(classes):
+        out.append(f"""
+class Block{i}:
+    def __init__(self, width, depth=2, *, scale=1.0):
+        self.width = width
+        self.depth = depth
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.norm(x) * self.scale
+        y = y + self.width
+        return self.act(y)
+
+    def norm(self, x):
+        return x / math.sqrt(self.depth + 1)
+
+    def act(self, x):
+        return max(x, 0.0)
+
+    def extra_repr(self):
+        return f"width={{self.width}}, depth={{self.depth}}"
+
+    def reset(self):
+        for _ in range(self.depth):
+            self.width += 0
+""")
+    return "".join(out)
+
+
 def _long_function(statements: int) -> str:
     body = "\n".join(f"    x{i} = x{i - 1} + {i}" if i else "    x0 = a" for i in range(statements))
     head = "def big(a):\n    for _ in range(1):\n        pass\n"

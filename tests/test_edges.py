@@ -252,7 +252,7 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, args, expected):
 
 
 def test_entry_names_that_match_nothing_are_warned_about(tmp_path):
-    proc = run_daifu(["--entry", "trian", _script(tmp_path)], cwd=tmp_path)
+    proc = run_daifu(["--no-lazy", "--entry", "trian", _script(tmp_path)], cwd=tmp_path)
     assert proc.returncode == 1  # nothing vaccinated for it: the crash is not caught in train
     assert "daifu: warning: --entry/DAIFU_ENTRY 'trian' matched no function" in proc.stderr
 

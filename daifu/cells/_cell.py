@@ -210,9 +210,15 @@ def cells_of(code: types.CodeType) -> CodeInfo | None:
 
 
 def original_code(code: types.CodeType) -> types.CodeType:
-    """The unmodified code a vaccinated code object was made from (or itself)."""
+    """The unmodified code a vaccinated code object (or a first-call stub)
+    was made from (or itself)."""
     info = cells_of(code)
-    return info.original if info is not None and info.original is not None else code
+    if info is not None and info.original is not None:
+        return info.original
+    from ._lazy import pending_of
+
+    pending = pending_of(code)
+    return pending.original if pending is not None else code
 
 
 def is_vaccinated(code: Any) -> bool:

@@ -35,9 +35,11 @@ class LoadedFile:
 
 
 def record(filename: str, module: str | None, selection: Selection, source: str,
-           msrc: ModuleSource | None = None) -> None:
+           msrc: ModuleSource | None = None) -> LoadedFile:
+    loaded = LoadedFile(filename, module, selection, source, msrc)
     with RUNTIME.files_lock:
-        RUNTIME.files[filename] = LoadedFile(filename, module, selection, source, msrc)
+        RUNTIME.files[filename] = loaded
+    return loaded
 
 
 def get(filename: str) -> LoadedFile | None:

@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
 from .._runtime import RUNTIME
-from . import _registry
+from . import _lazy, _registry
 from ._backend import Backend
 from ._cell import CodeInfo, is_vaccinated
 from ._dispatch import backend
@@ -37,10 +37,15 @@ class Selection:
     contains a loop, ``**`` every function.  ``module_level`` vaccinates the module's top-level code
     (the default for the script run by ``python -m daifu``).  Functions
     decorated with ``@daifu.vaccinate`` are always selected.
+
+    ``lazy``: every other function defined at a module's top level or in a
+    class body is vaccinated when it is first called (``_lazy``); what
+    ``lazy`` leaves out (nested functions, generators) keeps this rule.
     """
 
     entries: tuple[str, ...] = ("*",)
     module_level: bool = False
+    lazy: bool = False
 
     def wants(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
         if isinstance(scope, ast.Module):
@@ -78,6 +83,8 @@ class Report:
     filename: str
     module: str | None = None
     vaccinated: list[CodeInfo] = field(default_factory=list)
+    #: qualnames of the functions given a first-call stub (``Selection.lazy``)
+    lazy: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (qualname, reason)
     skipped_lines: list[int | None] = field(default_factory=list)  # first line of each
     dumps: list[str] = field(default_factory=list)
@@ -175,16 +182,21 @@ def vaccinate_module(
     if back is None:
         return code, report
     hooks = _hooks()
+    # strict mode must report every function that cannot be vaccinated at
+    # import, and a dump shows the rewrite: both rewrite the stubs' functions now
+    now = options.strict or bool(options.dump)
+    stubs: list[_lazy.Pending] = []
 
-    def walk(co: types.CodeType) -> types.CodeType:
+    def walk(co: types.CodeType, parent: ast.AST | None) -> types.CodeType:
+        scope = msrc.scope_for(co)
         children: dict[int, types.CodeType] = {}
         for const in co.co_consts:
             if isinstance(const, types.CodeType):
-                new_child = walk(const)
+                new_child = walk(const, scope)
                 if new_child is not const:
                     children[id(const)] = new_child
-        scope = msrc.scope_for(co)
-        if scope is not None and selection.wants(co, scope, module):
+        stub = selection.lazy and scope is not None and _lazy.stubbable(co, scope, parent)
+        if scope is not None and (selection.wants(co, scope, module) or (stub and now)):
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
                 new = back.rewrite(co, info, msrc, scope, hooks, children)
@@ -197,14 +209,54 @@ def vaccinate_module(
                 if options.dump:
                     _dump(report, new)
                 return new
+        elif stub:
+            pairs = tuple((c, children[id(c)]) for c in co.co_consts if id(c) in children)
+            pending = _lazy.Pending(co, module, pairs)
+            stubs.append(pending)
+            report.lazy.append(co.co_qualname)
+            return _lazy.make_stub(co, pending)
         if children:
             return co.replace(co_consts=tuple(children.get(id(c), c) for c in co.co_consts))
         return co
 
-    new_code = walk(code)
+    new_code = walk(code, None)
     _register(msrc.filename)
-    _registry.record(msrc.filename, module, selection, msrc.source, msrc)
+    loaded = _registry.record(msrc.filename, module, selection, msrc.source, msrc)
+    for pending in stubs:
+        pending.source = loaded
     return new_code, report
+
+
+def rewrite_pending(pending: _lazy.Pending) -> types.CodeType | None:
+    """The vaccinated code of a function with a first-call stub, at its first
+    call (``_lazy``); None (after the warning) if it cannot be vaccinated."""
+    original = pending.original
+    report = Report(original.co_filename, pending.module)
+    back = _check_version(report)
+    if back is None:
+        return None
+    loaded = pending.source if pending.source is not None else \
+        _registry.get(original.co_filename)
+    msrc = loaded.msrc if loaded is not None else None
+    scope = msrc.scope_for(original) if msrc is not None else None
+    if scope is None:
+        _not_vaccinated(report, original.co_qualname, "its source code is not available",
+                        original.co_firstlineno)
+        return None
+    assert msrc is not None
+    info = CodeInfo(original.co_qualname, original.co_filename, original.co_firstlineno,
+                    pending.module, original=original)
+    children = {id(p): n for p, n in pending.children}
+    try:
+        new = back.rewrite(original, info, msrc, scope, _hooks(), children)
+    except back.NothingToProtect:
+        return None
+    except back.Unsupported as exc:
+        _not_vaccinated(report, original.co_qualname, str(exc), original.co_firstlineno)
+        return None
+    if options.dump:
+        _dump(report, new)
+    return new
 
 
 def vaccinate_source(
@@ -241,7 +293,9 @@ def vaccinate_source(
                 # the same warnings (or strict error) as when it was rewritten
                 _not_vaccinated(report, qualname, reason, line, record=False)
             _register(filename)
-            _registry.record(filename, module, selection, source)
+            loaded = _registry.record(filename, module, selection, source)
+            if report.lazy:
+                _lazy.attach(code, loaded)
             return code, report
     try:
         tree = ast.parse(source, filename)
@@ -252,7 +306,7 @@ def vaccinate_source(
     code = compile(tree, filename, "exec", dont_inherit=True)
     msrc = ModuleSource(source, filename, tree)
     new_code, report = vaccinate_module(code, msrc, selection, module)
-    if cache is not None and report.vaccinated:
+    if cache is not None and (report.vaccinated or report.lazy):
         cache.store(source, filename, module, selection, new_code, report)
     return new_code, report
 
@@ -294,6 +348,10 @@ def vaccinate_function(fn: Callable) -> bool:
         raise TypeError(f"daifu.vaccinate expects a Python function, got {type(fn).__name__}")
     if is_vaccinated(code):
         return True
+    pending = _lazy.pending_of(code)
+    if pending is not None:  # a first-call stub: vaccinate now
+        fn.__code__ = pending.code()
+        return is_vaccinated(fn.__code__)
     report = Report(code.co_filename, getattr(fn, "__module__", None))
     back = _check_version(report)
     if back is None:

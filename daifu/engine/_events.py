@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar, cast
 
 from .._runtime import RUNTIME
@@ -149,6 +149,8 @@ class ModuleVaccinated(Event):
     cached: bool = False
     #: the module was imported before daifu's hook; its functions were swapped in place
     in_place: bool = False
+    #: functions given a first-call stub: vaccinated when first called
+    first_call: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

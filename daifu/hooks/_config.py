@@ -4,6 +4,8 @@
 |----------------------|------------------|-----------------------------------------------------|
 | DAIFU_MODULES        | --modules        | modules the import hook vaccinates (dotted globs)   |
 | DAIFU_ENTRY          | --entry          | functions to vaccinate (qualname globs; * = loops)  |
+| DAIFU_LAZY           | --no-lazy (=0)   | 1 (default): every other function and method is     |
+|                      |                  | vaccinated when it is first called                  |
 | DAIFU_FIXES          | --fixes          | rules files, separated by os.pathsep               |
 | DAIFU_MAX_ATTEMPTS   | --max-attempts   | retries of one statement before giving up (5)       |
 | DAIFU_LOG            | --log            | write events as JSON lines to this file             |
@@ -60,6 +62,7 @@ def _split(text: str | None, sep: str = ",") -> tuple[str, ...]:
 class Config:
     modules: str = ""
     entry: tuple[str, ...] = ("*",)
+    lazy: bool = True
     fixes: tuple[str, ...] = ()
     max_attempts: int = 5
     log: str | None = None
@@ -88,6 +91,7 @@ class Config:
             dump=env.get("DAIFU_DUMP") or None,
             main=env.get("DAIFU_MAIN") or None,
         )
+        cfg.lazy = env.get("DAIFU_LAZY", "1").lower() not in ("0", "false", "no", "off")
         cfg.console = env.get("DAIFU_CONSOLE", "1").lower() not in ("0", "false", "no", "off")
         cfg.journal = env.get("DAIFU_JOURNAL") or None
         cfg.notify = env.get("DAIFU_NOTIFY") or None
@@ -117,7 +121,7 @@ class Config:
                 raise ConfigError(f"bad DAIFU_ENTRY pattern {pattern!r}")
 
     def selection(self, module_level: bool = False) -> Selection:
-        return Selection(entries=self.entry, module_level=module_level)
+        return Selection(entries=self.entry, module_level=module_level, lazy=self.lazy)
 
     def code_cache(self):
         """The ``CodeCache`` ``DAIFU_CACHE`` asks for, or None.
@@ -143,6 +147,7 @@ class Config:
         """Write the options to the environment so child processes inherit them."""
         os.environ["DAIFU_MODULES"] = self.modules
         os.environ["DAIFU_ENTRY"] = ",".join(self.entry)
+        os.environ["DAIFU_LAZY"] = "1" if self.lazy else "0"
         os.environ["DAIFU_MAX_ATTEMPTS"] = str(self.max_attempts)
         os.environ["DAIFU_LOG_LEVEL"] = self.log_level
         if self.fixes:

@@ -161,7 +161,7 @@ def vaccinate_in_place(module, selection: Selection) -> None:
             module=module.__name__, file=str(report.filename),
             functions=[c.qualname for c in report.vaccinated],
             skipped=[f"{q}: {r}" for q, r in report.skipped],
-            cached=report.cached, in_place=True,
+            cached=report.cached, in_place=True, first_call=list(report.lazy),
         ))
 
 
@@ -192,6 +192,6 @@ def compile_vaccinated(source: bytes | str, path: str, selection: Selection,
         module=module, file=str(path),
         functions=[c.qualname for c in report.vaccinated],
         skipped=[f"{q}: {r}" for q, r in report.skipped],
-        cached=report.cached,
+        cached=report.cached, first_call=list(report.lazy),
     ))
     return code

@@ -51,7 +51,9 @@ EPILOG = """\
 environment variables (options override them; child processes inherit them):
   DAIFU_MODULES       modules to vaccinate besides the script, e.g. 'mylib.*'
   DAIFU_ENTRY         functions to vaccinate: qualname globs, '*' = every
-                      function containing a loop (default), '<module>' = module code
+                      function containing a loop (default), '<module>' = module code;
+                      every other function and method is vaccinated when first called
+  DAIFU_LAZY=0        like --no-lazy
   DAIFU_FIXES         rules files, separated by ':'
   DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
   DAIFU_LOG           write events as JSON lines to this file
@@ -85,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="also vaccinate these modules (comma-separated dotted globs)")
     p.add_argument("--entry", metavar="PATTERNS",
                    help="functions to vaccinate (qualname globs; '*' = every function with a loop)")
+    p.add_argument("--no-lazy", action="store_true",
+                   help="vaccinate only the functions --entry selects (by default every other "
+                        "function and method of a vaccinated module is vaccinated when it is "
+                        "first called)")
     p.add_argument("--max-attempts", type=int, metavar="N",
                    help="give up after N failed retries of one statement (default 5)")
     p.add_argument("--log", metavar="FILE", help="write daifu's events as JSON lines to FILE")
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
                                 log_level=None, strict=False, dump=None, wait=None,
                                 notify=None, no_console=False, journal=None, replay=None,
-                                no_cache=False, unprotected=False)
+                                no_cache=False, unprotected=False, no_lazy=False)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.journal = ns.journal
         if ns.replay:
             cfg.replay = ns.replay
+        if ns.no_lazy:
+            cfg.lazy = False
         if ns.no_cache:
             cfg.cache = "0"
         cfg.validate()
