@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml setup.cfg
 
 setup: $(VENV)/.installed
 
+# Lightning and transformers, for the framework tests (torch is already there)
+$(VENV)/.frameworks: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test,frameworks]' $(TORCH)
+	touch $@
+
 ## demo: a CNN training run that crashes twice in epoch 2 and is repaired in situ
 demo: setup
 	rm -rf runs/mnist
@@ -29,8 +34,8 @@ demo: setup
 ## (with torch) and 3.13 (what CI runs)
 test: test-3.11 test-3.13
 
-test-3.11: setup
-	DAIFU_REQUIRE_TORCH=1 $(PY) -m pytest
+test-3.11: setup $(VENV)/.frameworks
+	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 $(PY) -m pytest
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## test-3.13: the whole suite under CPython 3.13 (the torch tests skip without torch)
@@ -47,7 +52,7 @@ bench: setup
 	DAIFU_PERF_ASSERT=1 DAIFU_PERF_REPORT=docs/performance.md $(PY) -m pytest perf -p no:cacheprovider
 
 ## scenarios: the crash benchmark with its restore-time table (docs/benchmark.md)
-scenarios: setup
+scenarios: setup $(VENV)/.frameworks
 	$(PY) -m tests.scenarios.run --table docs/benchmark.md
 
 ## lint: ruff and mypy (what CI runs before the tests)

@@ -63,3 +63,7 @@ def pytest_configure(config):
         # (nor a missing tqdm the DataLoader tests and scenarios)
         import torch  # noqa: F401
         import tqdm  # noqa: F401
+    if os.environ.get("DAIFU_REQUIRE_FRAMEWORKS") == "1":
+        # the crash benchmark's Lightning and HF Trainer cases need them
+        import lightning  # noqa: F401
+        import transformers  # noqa: F401

@@ -239,3 +239,51 @@ def test_the_runner_recovers_a_crash_in_a_method_with_default_settings(tmp_path)
     off = subprocess.run([sys.executable, "-m", "daifu", "--no-lazy", "train.py"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
     assert off.returncode == 1 and "ZeroDivisionError" in off.stderr
+
+
+def test_torch_compile_and_torchscript_of_stubbed_functions(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "compiled.py").write_text(textwrap.dedent('''
+        import torch, torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 2)
+
+            def forward(self, x):
+                return torch.relu(self.lin(x)) * 2
+
+        def f(x):
+            return torch.sin(x) + 1
+
+        torch.manual_seed(0)
+        net, x = Net(), torch.randn(3, 4)
+        fast = torch.compile(f, backend="eager")
+        assert torch.equal(fast(x), torch.sin(x) + 1) and torch.equal(fast(x), f(x))
+        assert torch.equal(torch.compile(net, backend="eager")(x), net(x))
+        assert torch.jit.script(Net())(x).shape == (3, 2)
+        print("ok")
+    '''))
+    run = subprocess.run([sys.executable, "-m", "daifu", "compiled.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "ok"
+
+
+def test_an_uncaught_exception_in_a_first_call_shows_no_stub_frame(tmp_path):
+    (tmp_path / "s.py").write_text(textwrap.dedent('''
+        def fails(x):
+            return 1 // x
+
+        def caller():
+            return fails(0)
+
+        caller()
+    '''))
+    run = subprocess.run([sys.executable, "-m", "daifu", "s.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    plain = subprocess.run([sys.executable, "s.py"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    tail = run.stderr[run.stderr.index("Traceback"):]
+    assert tail == plain.stderr

@@ -37,5 +37,8 @@ def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
         assert kind in patches, kind
     assert len(CASES) >= 16
     assert any(c.meta.get("mutating_call") for c in CASES)  # a non-idempotent case
+    # framework-driven code, reached with default settings (first-call vaccination)
+    frameworks = {m for c in CASES for m in c.meta.get("requires", [])}
+    assert {"lightning", "transformers"} <= frameworks
     loader = [c for c in CASES if c.meta.get("loader_workers") is not None]
     assert {c.meta["loader_workers"] for c in loader} >= {0, 2}

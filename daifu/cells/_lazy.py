@@ -34,6 +34,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from typing import Any
 
 from .._errors import NotVaccinatedWarning
@@ -180,9 +181,44 @@ def make_stub(code: types.CodeType, pending: Pending) -> types.CodeType:
     first = code.co_consts[0] if code.co_consts else None
     consts[0] = first if isinstance(first, str) else None
     # the line table is relative to the first line: the body is on the def line
-    return template.replace(co_consts=tuple(consts), co_name=code.co_name,
+    stub = template.replace(co_consts=tuple(consts), co_name=code.co_name,
                             co_qualname=code.co_qualname, co_filename=code.co_filename,
                             co_firstlineno=code.co_firstlineno)
+    _not_for_dynamo(stub)
+    return stub
+
+
+#: stubs made before TorchDynamo was imported (see ``_not_for_dynamo``)
+_stubs: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+_dynamo_skip: Any = None
+
+
+def _not_for_dynamo(stub: types.CodeType) -> None:
+    """``torch.compile`` must run a stub's frame as it is (TorchDynamo cannot
+    trace its constants) and compile what it calls, the vaccinated function:
+    with Dynamo imported, the stub's code is marked "skip this frame, not the
+    frames it calls"; before that, it is remembered for ``use_dynamo``."""
+    if _dynamo_skip is not None:
+        _dynamo_skip(stub)
+    elif "torch._dynamo.eval_frame" in sys.modules:
+        use_dynamo()
+        _not_for_dynamo(stub)
+    else:
+        _stubs.add(stub)
+
+
+def use_dynamo() -> None:
+    """TorchDynamo was imported: mark every stub made so far (and, from now
+    on, each new one) as a frame it skips."""
+    global _dynamo_skip
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except Exception:  # another torch: stubs are traced (a graph break at worst)
+        return
+    _dynamo_skip = skip_code
+    for stub in list(_stubs):
+        skip_code(stub)
+    _stubs.clear()
 
 
 def pending_of(code: Any) -> Pending | None:

@@ -39,6 +39,7 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.validate()
     cfg.apply()
     uninstall()
+    from ..cells._lazy import use_dynamo
     from ..engine._loaders import record_sent_indices
     from ._child import patch_spawn
 
@@ -46,8 +47,10 @@ def install(modules: str | None = None, entry: str | None = None,
     # import multiprocessing or torch for a program that does not use them):
     # spawned children must activate daifu; worker DataLoaders remember the
     # indices of the batches in flight (a retry of a failed batch needs them)
+    # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
-               "torch.utils.data.dataloader": lambda: record_sent_indices()}
+               "torch.utils.data.dataloader": lambda: record_sent_indices(),
+               "torch._dynamo.eval_frame": lambda: use_dynamo()}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later)
     sys.meta_path.insert(0, _finder)

@@ -410,9 +410,24 @@ def _run_module(name: str, args: list[str], cfg: Config) -> None:
 
 
 def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """Drop daifu's runner frames (and runpy's) from the head of a traceback."""
+    """Drop daifu's runner frames (and runpy's) from the head of a traceback,
+    and the frame of a first-call stub (``cells._lazy``) wherever it is: an
+    exception in a function's first call shows the traceback it would show
+    without daifu."""
+    from ..cells._lazy import pending_of
+
     while tb is not None and is_plumbing(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
+    while tb is not None and pending_of(tb.tb_frame.f_code) is not None:
+        tb = tb.tb_next
+    entry = tb
+    while entry is not None:
+        after = entry.tb_next
+        while after is not None and pending_of(after.tb_frame.f_code) is not None:
+            after = after.tb_next
+        if after is not entry.tb_next:
+            entry.tb_next = after
+        entry = after
     return tb
 
 
