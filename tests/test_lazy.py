@@ -287,3 +287,35 @@ def test_an_uncaught_exception_in_a_first_call_shows_no_stub_frame(tmp_path):
                            text=True, timeout=120)
     tail = run.stderr[run.stderr.index("Traceback"):]
     assert tail == plain.stderr
+
+
+def test_a_rule_for_a_caller_gets_the_crash_before_a_human_is_asked():
+    # the crash is taken first in the helper that raises it (stubbed, so
+    # vaccinated now); the rule is for its caller: nobody is asked at the helper
+    from daifu.engine import ENGINE
+
+    ns, _ = load('''
+        def helper(d):
+            return 10 // d
+
+        def caller(d):
+            total = 0
+            for _ in range(1):
+                total += helper(d)
+            return total
+    ''', name="lazyrules")
+    asked = []
+
+    class Human:
+        def wait(self, crash, engine):
+            asked.append(crash.function)
+            return None
+
+    @daifu.on(ZeroDivisionError, where="caller")
+    def fix(crash):
+        crash.vars["d"] = 5
+        return daifu.RETRY
+
+    ENGINE.waiters.append(Human())
+    assert ns["caller"](0) == 2
+    assert asked == []

@@ -318,6 +318,11 @@ class Engine:
             decision = self._drain(crash)
             if decision is not None:
                 return decision, rule.origin
+        if self.waiters and self.rules.target_a_caller(
+                crash, lambda code: cells_of(code) is not None):
+            # a rule is waiting for it up the stack (first-call vaccination
+            # takes a crash first in the helper that raised it): no human yet
+            return None, "a rule for a vaccinated caller gets it first"
         waited = None
         for waiter in list(self.waiters):
             try:

@@ -51,6 +51,17 @@ def _where_matches(where: str, crash: Crash) -> bool:
     return fnmatchcase(name, where) or fnmatchcase(name.rpartition(".")[2], where)
 
 
+def _where_names(where: str, code: Any, lineno: int | None) -> bool:
+    """``_where_matches`` for a frame that has not crashed (its current line)."""
+    head, sep, tail = where.rpartition(":")
+    if sep and tail.isdigit():
+        return _file_matches(head, code.co_filename) and lineno == int(tail)
+    if where.endswith(".py") or os.sep in where:
+        return _file_matches(where, code.co_filename)
+    name = code.co_qualname
+    return fnmatchcase(name, where) or fnmatchcase(name.rpartition(".")[2], where)
+
+
 def _file_matches(pattern: str, filename: str) -> bool:
     pattern = os.path.normpath(pattern)
     filename = os.path.normpath(filename)
@@ -85,6 +96,29 @@ class RuleBook:
             except Exception:  # a broken `where` predicate must not stop the others
                 continue
         return out
+
+    def target_a_caller(self, crash: Crash, vaccinated: Callable[[Any], bool]) -> bool:
+        """Does a rule for this exception name (by function, file or line) a
+        caller of the crashed frame that is vaccinated -- whose barrier will
+        take the exception if it is handed up?  A rule without ``where``, or
+        with a predicate, already had its turn here."""
+        with self._lock:
+            rules = [r for r in self._rules if isinstance(r.where, str)
+                     and isinstance(crash.exception, r.exc_types)]
+        if not rules:
+            return False
+        f = crash.frame.f_back
+        while f is not None:
+            if vaccinated(f.f_code):
+                code = f.f_code
+                for rule in rules:
+                    try:
+                        if _where_names(rule.where, code, f.f_lineno):  # type: ignore[arg-type]
+                            return True
+                    except Exception:
+                        continue
+            f = f.f_back
+        return False
 
     def clear(self) -> None:
         with self._lock:
