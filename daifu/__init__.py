@@ -71,7 +71,19 @@ def vaccinate(fn: F) -> F:
     from .cells import vaccinate_function
 
     vaccinate_function(target)
+    _engine_for_plain_python()
     return fn
+
+
+def _engine_for_plain_python() -> None:
+    from .hooks._install import ensure_engine
+
+    try:
+        ensure_engine()
+    except ConfigError as exc:  # a bad DAIFU_* variable must not stop an import
+        import warnings
+
+        warnings.warn(f"daifu: {exc}; crashes get rules only", DaifuWarning, stacklevel=3)
 
 
 def install(modules: str | None = None, entry: str | None = None) -> Any:
@@ -79,8 +91,26 @@ def install(modules: str | None = None, entry: str | None = None) -> Any:
     ``DAIFU_MODULES``).  Returns a handle; ``handle.uninstall()`` or use it as
     a context manager."""
     from .hooks import install as _install
+    from .hooks._install import ensure_engine
 
-    return _install(modules=modules, entry=entry)
+    handle = _install(modules=modules, entry=entry)
+    ensure_engine()
+    return handle
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext daifu`` in IPython or Jupyter: the code of every cell run
+    from now on is vaccinated (see ``daifu.hooks._ipython``)."""
+    from .hooks._ipython import load_ipython_extension as load
+
+    load(ip)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    """``%unload_ext daifu``: cells run from now on are not vaccinated."""
+    from .hooks._ipython import unload_ipython_extension as unload
+
+    unload(ip)
 
 
 def uninstall() -> None:
@@ -106,8 +136,10 @@ __all__ = [
     "TransformError",
     "UnsupportedPythonWarning",
     "install",
+    "load_ipython_extension",
     "on",
     "replace",
     "uninstall",
+    "unload_ipython_extension",
     "vaccinate",
 ]

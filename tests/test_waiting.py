@@ -201,3 +201,38 @@ def test_a_finished_job_removes_its_job_file(tmp_path):
     proc = run_daifu([script], cwd=tmp_path)
     pid = int(proc.stdout.strip())
     assert not (Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{pid}.job").exists()
+
+
+PLAIN_PYTHON = '''
+import daifu
+
+@daifu.vaccinate
+def step(d):
+    return 10 // d
+
+print(step(0))
+'''
+
+
+def test_plain_python_with_daifu_vaccinate_waits_and_journals(tmp_path):
+    # no runner: @daifu.vaccinate (and daifu.install()) give the engine the
+    # same --wait/DAIFU_WAIT, endpoint and journal as `python -m daifu`
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_PYTHON)
+    journal = tmp_path / "journal.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "DAIFU_WAIT": "60", "DAIFU_JOURNAL": str(journal)})
+    try:
+        _wait_for_socket(proc)
+        assert run_daifu(["send", proc.pid, "exec", "d = 5"], cwd=tmp_path).returncode == 1
+        sent = run_daifu(["send", proc.pid, "retry"], cwd=tmp_path)
+        assert sent.returncode == 0, sent.stderr
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == "2"
+    kinds = [r.get("kind") for r in (json.loads(x) for x in journal.read_text().splitlines())]
+    assert "exec" in kinds and "decision" in kinds, kinds

@@ -489,7 +489,8 @@ def run_local(crash: Crash, engine: Engine) -> Console:
     (``python -m daifu train.py > train.log``), the report and the prompt go
     to stderr and commands are read from stdin (without line editing), so the
     job does not look hung and the log file gets none of it."""
-    if not _isatty(sys.stdout):
+    if not _isatty(sys.stdout) and "ipykernel" not in sys.modules:
+        # (a Jupyter kernel's stdout is not a terminal, but input() reaches the notebook)
         console = Console(crash, engine, stdin=sys.stdin, stdout=sys.stderr, origin="console")
         return _loop(console, crash)
     history = os.path.expanduser(HISTORY)

@@ -182,7 +182,8 @@ class Config:
         options.cache = self.code_cache()
         ENGINE.max_attempts = self.max_attempts
 
-    def setup_engine(self, script: str | None, interactive: bool) -> None:
+    def setup_engine(self, script: str | None, interactive: bool,
+                     console: bool | None = None) -> None:
         """Journal, replay and the human in the loop (runner and spawned children)."""
         import sys
 
@@ -199,7 +200,8 @@ class Config:
                 ENGINE.replay = Replay(self.replay)
             except JournalError as exc:
                 raise ConfigError(str(exc)) from None
-        console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
+        if console is None:
+            console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
         ENGINE.waiters[:] = []
         if console or self.wait != 0:
             ENGINE.waiters.append(Waiter(console=console, wait=self.wait, notify=self.notify))

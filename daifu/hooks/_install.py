@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from types import TracebackType
 
@@ -86,3 +87,25 @@ def uninstall() -> None:
 
 def current() -> DaifuFinder | None:
     return _finder
+
+
+_engine_ready = False
+
+
+def ensure_engine() -> None:
+    """``daifu.install()`` and ``@daifu.vaccinate`` under plain ``python``: the
+    engine gets what the runner gives it -- the journal, ``--wait`` /
+    ``DAIFU_WAIT``, the console on a terminal, ``DAIFU_LOG`` -- once per
+    process, unless the runner (or an earlier call) set it up."""
+    global _engine_ready
+    from ..engine import ENGINE
+    from . import _logging
+
+    if _engine_ready or ENGINE.journal is not None:
+        return
+    _engine_ready = True
+    cfg = Config.from_env()
+    if cfg.log or os.environ.get("DAIFU_LOG_LEVEL"):
+        _logging.configure(cfg.log, cfg.log_level)
+    cfg.setup_engine(sys.argv[0] if sys.argv and sys.argv[0] else None, interactive=True)
+
