@@ -185,19 +185,28 @@ class ModuleSource:
         self.lines = [line.decode("utf-8", "surrogatepass").rstrip("\r\n") for line in self._raw]
         self.tree = tree if tree is not None else ast.parse(source, filename)
         self._scopes: dict[tuple[str, int], ast.AST] = {}
-        self._handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
-        self._finally: dict[int, ast.Try | ast.TryStar] = {}
-        self._parent: dict[int, ast.AST] = {}
         self._walk_scope(self.tree.body, "")
+        # the statement index (parents, handlers, finally blocks) is built when
+        # the rewrite first needs it: a module of first-call stubs never does
+        self._indexed = False
+
+    def _index(self) -> None:
+        # built aside and published at once: two threads' first calls may both
+        # build it, neither sees a half-built one
+        handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
+        finals: dict[int, ast.Try | ast.TryStar] = {}
+        parent: dict[int, ast.AST] = {}
         for node in ast.walk(self.tree):
             if isinstance(node, ast.stmt) or isinstance(node, ast.Module):
                 for block in _child_blocks(node) if isinstance(node, ast.stmt) else [node.body]:
                     for child in block:
-                        self._parent[id(child)] = node
+                        parent[id(child)] = node
             if isinstance(node, ast.ExceptHandler):
-                self._handlers[_span(node)] = node
+                handlers[_span(node)] = node
             elif isinstance(node, (ast.Try, ast.TryStar)) and node.finalbody:
-                self._finally[node.finalbody[0].lineno] = node
+                finals[node.finalbody[0].lineno] = node
+        self._handlers, self._finally, self._parent = handlers, finals, parent
+        self._indexed = True
 
     # -- scopes -------------------------------------------------------------
 
@@ -230,6 +239,8 @@ class ModuleSource:
 
     def enclosing_loop(self, stmt: ast.stmt) -> ast.stmt | None:
         """The innermost loop around ``stmt`` in the same scope, if any."""
+        if not self._indexed:
+            self._index()
         node = self._parent.get(id(stmt))
         while node is not None and not isinstance(node, (ast.Module, *_SCOPES)):
             if isinstance(node, _LOOPS):
@@ -299,6 +310,8 @@ class ModuleSource:
         if None in span:
             return None
         line, end_line, col, end_col = span
+        if not self._indexed:
+            self._index()
         return self._handlers.get((line, col, end_line, end_col))  # type: ignore[arg-type]
 
     def clause_reraises(self, span: Position) -> bool:
@@ -306,6 +319,8 @@ class ModuleSource:
         return handler is not None and _always_reraises(handler)
 
     def finally_swallows(self, first_body_line: int | None) -> bool:
+        if not self._indexed:
+            self._index()
         node = self._finally.get(first_body_line) if first_body_line else None
         return node is not None and _leaves_block(node.finalbody)
 
