@@ -236,3 +236,35 @@ def test_plain_python_with_daifu_vaccinate_waits_and_journals(tmp_path):
     assert out.strip() == "2"
     kinds = [r.get("kind") for r in (json.loads(x) for x in journal.read_text().splitlines())]
     assert "exec" in kinds and "decision" in kinds, kinds
+
+
+def test_ps_shows_the_ranks_of_a_distributed_job_together(tmp_path):
+    # what torchrun sets for its workers (any launcher setting RANK/WORLD_SIZE)
+    script = tmp_path / "slow.py"
+    script.write_text("import os, time, pathlib\n"
+                      "pathlib.Path(os.environ['MARK']).touch()\ntime.sleep(60)\n")
+    procs = []
+    try:
+        for rank in (1, 0):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                   "TORCHELASTIC_RUN_ID": "job-42", "MARK": str(tmp_path / f"m{rank}")}
+            procs.append(subprocess.Popen([sys.executable, "-m", "daifu", str(script)],
+                                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"m{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        listed = json.loads(subprocess.run([sys.executable, "-m", "daifu", "ps", "--json"],
+                                           capture_output=True, text=True, timeout=60).stdout)
+        ours = [j for j in listed if j.get("job") == "job-42"]
+        assert [(j["rank"], j["world_size"], j["local_rank"]) for j in ours] == [(0, 2, 0),
+                                                                                  (1, 2, 1)]
+        text = subprocess.run([sys.executable, "-m", "daifu", "ps"], capture_output=True,
+                              text=True, timeout=60).stdout
+        assert "rank 0 of 2 (local rank 0), job job-42" in text
+        assert text.index("rank 0 of 2") < text.index("rank 1 of 2")
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)

@@ -318,6 +318,28 @@ def emit(ev: Event) -> None:
         pass
 
 
+def distributed() -> dict[str, Any]:
+    """Where this process is in a distributed job (torchrun, or any launcher
+    that sets ``RANK`` and ``WORLD_SIZE``): rank, local rank, world size and
+    the launcher's run id; {} outside one.  Every event carries it."""
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return {}
+    out: dict[str, Any] = {}
+    for key, name in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"),
+                      ("world_size", "WORLD_SIZE")):
+        try:
+            out[key] = int(env[name])
+        except (KeyError, ValueError):
+            continue
+    if env.get("TORCHELASTIC_RUN_ID"):
+        out["job"] = env["TORCHELASTIC_RUN_ID"]
+    return out
+
+
+_DISTRIBUTED = distributed()
+
+
 def _write(ev: Event) -> None:
     try:
         sink = _sink
@@ -327,7 +349,10 @@ def _write(ev: Event) -> None:
             with _lock:
                 if sink.logger is None:
                     sink.logger = _build(sink)
-        getattr(sink.logger, ev.level)(ev.event, **ev.fields())
+        fields = ev.fields()
+        if _DISTRIBUTED:
+            fields = {**_DISTRIBUTED, **fields}
+        getattr(sink.logger, ev.level)(ev.event, **fields)
     except Exception:  # logging must never break recovery
         pass
 

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 from ._crash import exception_text
 from ._decision import ABORT, Decision
 from ._engine import PASSED_ON
-from ._events import CrashReport, CrashWaiting, InternalError, NotifyFailed, NotifySent, emit
+from ._events import (
+    CrashReport,
+    CrashWaiting,
+    InternalError,
+    NotifyFailed,
+    NotifySent,
+    distributed,
+    emit,
+)
 from ._queue import DecisionPatch
 
 if TYPE_CHECKING:
@@ -62,7 +70,7 @@ class Waiter:
         status = {"pid": os.getpid(), "where": crash.where, "function": crash.function,
                   "statement": crash.statement, "exc_type": type(crash.exception).__qualname__,
                   "message": exception_text(crash.exception, 200), "since": time.time(),
-                  "argv": sys.argv[:], "console": self.console}
+                  "argv": sys.argv[:], "console": self.console, **distributed()}
         if self.console:
             server = self._open(status, report.render(), local=True)
             self._notify(crash, server)

@@ -30,6 +30,8 @@ def ps(args: list[str]) -> int:
     waiting_pids = {job["pid"] for job in waiting}
     jobs = [{**job, "state": "waiting"} for job in waiting]
     jobs += [job for job in running if job["pid"] not in waiting_pids]
+    # the ranks of one distributed job together, in rank order
+    jobs.sort(key=lambda j: (str(j.get("job", "")), j.get("rank", -1), j["pid"]))
     if as_json:
         print(json.dumps(jobs, indent=1, default=str))
         return 0
@@ -48,6 +50,9 @@ def ps(args: list[str]) -> int:
             print(f"{job['pid']:>7}  {'running':<8} {_duration(since):>7}  "
                   f"{job.get('cwd', '')}")
         print(f"{'':>27}{' '.join(str(a) for a in job.get('argv', []))}")
+        if "rank" in job:
+            print(f"{'':>27}rank {job['rank']} of {job.get('world_size', '?')} (local rank "
+                  f"{job.get('local_rank', '?')}), job {job.get('job', '?')}")
     return 0
 
 

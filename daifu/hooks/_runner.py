@@ -71,6 +71,9 @@ examples:
 
 
 
+#: launchers of distributed jobs: under daifu they would be protected, not their workers
+LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
+
 #: ``python -m daifu COMMAND``: not a program run (see ``_commands``)
 COMMANDS = ("ps", "attach", "send", "journal", "doctor", "help")
 
@@ -93,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
                         "first called)")
     p.add_argument("--max-attempts", type=int, metavar="N",
                    help="give up after N failed retries of one statement (default 5)")
-    p.add_argument("--log", metavar="FILE", help="write daifu's events as JSON lines to FILE")
+    p.add_argument("--log-file", "--log", dest="log", metavar="FILE",
+                   help="write daifu's events as JSON lines to FILE ({rank}, {local_rank} "
+                        "and {pid} in the name: one file per rank; --log is the same, but "
+                        "launchers such as torchrun take --log for their own --log-dir)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.add_argument("--strict", action="store_true",
                    help="fail if a selected function cannot be vaccinated")
@@ -124,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
     """Split into (daifu options, script, module, program args)."""
-    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-level",
+    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-file",
+                   "--log-level",
                    "--wait", "--journal", "--replay", "--notify"}
     i = 0
     while i < len(argv):
@@ -180,6 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     if script is None and module is None:
         _parser().print_usage(sys.stderr)
         sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")
+        raise SystemExit(2)
+    if module in LAUNCHERS or (script is not None and os.path.basename(script) in LAUNCHERS):
+        sys.stderr.write(
+            f"python -m daifu: error: {'-m ' + module if module else script} would vaccinate "
+            "the launcher, not the workers it starts: nothing would be protected.  Put daifu "
+            "in each worker instead:\n"
+            "  torchrun [torchrun options] -m daifu [daifu options] train.py [args]\n")
         raise SystemExit(2)
     try:
         cfg = Config.from_env()
@@ -259,9 +273,11 @@ def _register_job(script, module, args, cfg) -> None:
     from ..engine._rundir import register_job, unregister_job
 
     program = [script] if script is not None else ["-m", module]
+    from ..engine._events import distributed
+
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
-            "log": cfg.log, "journal": cfg.journal}
+            "log": cfg.log, "journal": cfg.journal, **distributed()}
     if register_job(info) is not None:
         atexit.register(unregister_job)
 
