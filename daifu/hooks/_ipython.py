@@ -9,10 +9,11 @@ protected, functions with a loop are rewritten, every other function and
 method defined in the cell gets a first-call stub.  A statement daifu cannot
 vaccinate warns and runs as IPython compiled it.
 
-The engine is set up as under the runner (rules, journal, ``DAIFU_*``
-options); at a crash, the console opens in the notebook (``input()`` goes to
-the front end), and the job can be reached with ``python -m daifu attach
-PID`` from a terminal while it waits.  ``%unload_ext daifu`` puts the
+The engine and the import hook are set up as under the runner (rules,
+journal, ``DAIFU_MODULES`` and the other ``DAIFU_*`` options); at a crash,
+the console opens in the notebook (``input()`` goes to the front end), and
+the job can be reached with ``python -m daifu attach PID`` from a terminal
+while it waits.  ``%unload_ext daifu`` puts the
 original compiler back.
 """
 
@@ -35,13 +36,16 @@ def load_ipython_extension(ip: Any) -> None:
     from ..cells import backend
     from ..engine import ENGINE
     from ._config import Config
+    from ._install import install
 
     back, reason = backend()
     if back is None:
         warnings.warn(f"daifu: {reason}", NotVaccinatedWarning, stacklevel=2)
         return
     cfg = Config.from_env()
-    cfg.apply()
+    # the import hook too: DAIFU_MODULES, and its patches of modules the
+    # notebook imports later (multiprocessing spawn, DataLoader, TorchDynamo)
+    install(config=cfg)
     if ENGINE.journal is None:
         # a terminal IPython has a TTY; a Jupyter kernel's input() asks the front end
         tty = sys.stdin.isatty() and sys.stderr.isatty()
