@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dis
+import functools
 import importlib.machinery
 import statistics
 import time
@@ -58,6 +59,16 @@ def test_find_spec_on_names_it_does_not_claim(benchmark):
         assert ours < 0.05 * theirs
 
 
+def _median_time(fn, rounds: int) -> float:
+    """Median wall time of ``rounds`` calls of ``fn``."""
+    runs = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
 def _instructions(code: types.CodeType) -> int:
     total = sum(1 for _ in dis.get_instructions(code))
     for const in code.co_consts:
@@ -71,14 +82,7 @@ def test_transform_time_per_function_and_instruction(tmp_path):
     options.strict = False
     selection = Selection(("**",))
     rounds = size(5, 1)
-
-    def timed(fn) -> float:
-        runs = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - t0)
-        return statistics.median(runs)
+    timed = functools.partial(_median_time, rounds=rounds)
 
     plain = timed(lambda: compile(source, "corpus.py", "exec"))
     # without a cache: what the first import of a module costs
@@ -120,14 +124,7 @@ def test_import_cost_with_the_default_selection(tmp_path):
     selection = Selection(("*",), lazy=True)
     eager = Selection(("**",))
     rounds = size(5, 1)
-
-    def timed(fn) -> float:
-        runs = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - t0)
-        return statistics.median(runs)
+    timed = functools.partial(_median_time, rounds=rounds)
 
     options.cache = None
     plain = timed(lambda: compile(source, "corpus.py", "exec"))

@@ -41,7 +41,8 @@ def assert_identical(a: dict, b: dict) -> None:
     assert not differ, f"parameters differ: {differ}"
 
 
-def vaccinate(source: str, entries=("**",), module_level: bool = False, name: str | None = None):
+def vaccinate(source: str, entries=("**",), module_level: bool = False, name: str | None = None,
+              lazy: bool = False):
     """Compile ``source`` with daifu's rewrite and return its namespace.
 
     The source is registered with linecache so tracebacks and inspect work.
@@ -50,7 +51,8 @@ def vaccinate(source: str, entries=("**",), module_level: bool = False, name: st
     name = name or f"snippet_{next(_counter)}"
     filename = f"/daifu-tests/{name}.py"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    code, report = vaccinate_source(source, filename, Selection(entries, module_level), module=name)
+    code, report = vaccinate_source(source, filename, Selection(entries, module_level, lazy),
+                                    module=name)
     namespace = {"__name__": name, "__file__": filename}
     exec(code, namespace)
     namespace["__report__"] = report

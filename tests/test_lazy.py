@@ -20,6 +20,8 @@ import pytest
 import daifu
 from daifu.cells import Selection, is_vaccinated, original_code, vaccinate_source
 
+from .support import vaccinate
+
 SOURCE = '''
 import functools
 
@@ -85,13 +87,8 @@ def _not_strict():
 
 
 def load(source: str = SOURCE, name: str = "lazymod", lazy: bool = True):
-    source = textwrap.dedent(source)
-    filename = f"/daifu-tests/{name}.py"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    code, report = vaccinate_source(source, filename, Selection(lazy=lazy), module=name)
-    namespace = {"__name__": name, "__file__": filename}
-    exec(code, namespace)
-    return namespace, report
+    ns = vaccinate(source, entries=("*",), name=name, lazy=lazy)
+    return ns, ns["__report__"]
 
 
 def test_which_functions_get_a_stub_and_which_are_rewritten_at_import():
