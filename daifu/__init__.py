@@ -28,7 +28,18 @@ from ._errors import (
     TransformError,
     UnsupportedPythonWarning,
 )
-from .engine import ABORT, CONTINUE, ENGINE, RELOAD, RETRY, SKIP, Crash, Decision, replace
+from .engine import (
+    ABORT,
+    CONTINUE,
+    ENGINE,
+    RELOAD,
+    RETRY,
+    SKIP,
+    Crash,
+    Decision,
+    all_ranks,
+    replace,
+)
 from .engine._rules import Rule, Where
 
 __version__ = "0.1.0"
@@ -135,6 +146,7 @@ __all__ = [
     "PatchError",
     "TransformError",
     "UnsupportedPythonWarning",
+    "all_ranks",
     "install",
     "load_ipython_extension",
     "on",

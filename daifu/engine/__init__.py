@@ -4,7 +4,7 @@ from .. import cells as _cells
 from .._runtime import RUNTIME
 from . import _barrier
 from ._crash import Crash
-from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, all_ranks
 from ._engine import ENGINE, Engine
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._replace import replace
@@ -22,6 +22,7 @@ __all__ = [
     "ENGINE",
     "RETRY",
     "SKIP",
+    "AllRanks",
     "Crash",
     "Decision",
     "DecisionPatch",
@@ -33,5 +34,6 @@ __all__ = [
     "ReplacePatch",
     "Rule",
     "RuleBook",
+    "all_ranks",
     "replace",
 ]

@@ -80,6 +80,8 @@ class Console(cmd.Cmd):
         #: the crash: a remote client's commands each get a new Console)
         self.level: int = getattr(crash, "_focus", 0)
         self._listed: int | None = None  # where ``l`` goes on from
+        #: "job": decisions are for every rank of the distributed job (``all ...``)
+        self.scope = "rank"
 
     # -- loop plumbing ---------------------------------------------------------------
 
@@ -291,8 +293,8 @@ class Console(cmd.Cmd):
 
     def _decide(self, decision: Decision) -> bool:
         try:  # checked (can it retry here?) and journaled by the engine, like any patch
-            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=self.level),
-                               self.crash)
+            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=self.level,
+                                             scope=self.scope), self.crash)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -558,12 +560,15 @@ def _isatty(stream) -> bool:
         return False
 
 
-def run_line(crash: Crash, engine: Engine, text: str, origin: str) -> tuple[Console, str]:
+def run_line(crash: Crash, engine: Engine, text: str, origin: str,
+             scope: str = "rank") -> tuple[Console, str]:
     """Run one command for a remote client; return the console and its output.
-    Lines after the first are the command's input (``exec`` code)."""
+    Lines after the first are the command's input (``exec`` code); ``scope``
+    "job": its decision is for every rank of the distributed job."""
     first, _, rest = text.partition("\n")
     out = io.StringIO()
     console = Console(crash, engine, stdin=io.StringIO(rest), stdout=out, origin=origin,
                       local=False)
+    console.scope = scope
     console.onecmd(console.precmd(first))
     return console, out.getvalue()

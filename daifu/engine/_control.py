@@ -113,6 +113,8 @@ class Request:
 
     text: str
     origin: str
+    #: "rank" or "job": a decision for every rank of a distributed job (``send --job``)
+    scope: str = "rank"
     done: threading.Event = field(default_factory=threading.Event)
     #: set once the reply was written to the client (the job may exit right
     #: after resuming: the client must still hear that it resumed)
@@ -227,7 +229,7 @@ class ControlServer:
         if self._closed.is_set():
             _send(conn, {"ok": False, "error": "the crash is no longer waiting"})
             return False
-        request = Request(command, origin)
+        request = Request(command, origin, "job" if message.get("scope") == "job" else "rank")
         self.requests.put(request)
         while not request.done.wait(0.2):
             if self._closed.is_set():

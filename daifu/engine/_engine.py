@@ -43,8 +43,9 @@ from ..cells import (
     read_locals,
     target_files,
 )
+from . import _distributed
 from ._crash import Crash, exception_text
-from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
+from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision
 from ._events import (
     CrashGaveUp,
     CrashIntercepted,
@@ -309,12 +310,15 @@ class Engine:
                 return pending_decision, rule.origin
             if verdict is None:
                 continue
+            scope = "rank"
+            if isinstance(verdict, AllRanks):
+                verdict, scope = verdict.decision, "job"
             if not isinstance(verdict, Decision):
                 emit(PatchRejected(where=crash.where, kind="decision", origin=rule.origin,
                                    reason=f"a rule returns daifu.RETRY, daifu.SKIP, daifu.ABORT "
                                           f"or None, not {verdict!r}"))
                 continue
-            crash.patches.put(DecisionPatch(verdict, origin=rule.origin))
+            crash.patches.put(DecisionPatch(verdict, origin=rule.origin, scope=scope))
             decision = self._drain(crash)
             if decision is not None:
                 return decision, rule.origin
@@ -462,7 +466,7 @@ class Engine:
             elif isinstance(patch, DecisionPatch) and patch.frame:
                 result = self._upward(patch, crash)
             elif isinstance(patch, DecisionPatch):
-                result = self._check_decision(patch.decision, crash)
+                result = self._check_decision(patch.decision, crash, patch.scope)
                 note = getattr(crash, "_resume_note", None)
                 if note:
                     emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
@@ -507,7 +511,7 @@ class Engine:
         return patch.decision
 
     @staticmethod
-    def _check_decision(decision: Decision, crash: Crash | None) -> Decision:
+    def _check_decision(decision: Decision, crash: Crash | None, scope: str = "rank") -> Decision:
         if crash is None:
             raise PatchError("a decision needs a crash to resume")
         if decision is RETRY and not crash.can_retry:
@@ -516,6 +520,11 @@ class Engine:
             raise PatchError(f"cannot skip here: {crash.skip_reason}")
         if decision is CONTINUE and not crash.can_continue:
             raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
+        if _distributed.in_job():  # one rank of several: keep the collectives in step
+            if scope == "job":
+                _distributed.agree(decision, crash)
+            elif (reason := _distributed.local_reason(decision, crash)) is not None:
+                raise PatchError(f"refused: {reason}")
         if crash.kind == "loop-header" and (decision is RETRY or decision is CONTINUE):
             _prepare_loop_header(decision, crash)
         return decision

@@ -128,6 +128,17 @@ class CrashPassed(Event):
 
 
 @dataclass(frozen=True)
+class TimeoutExtended(Event):
+    """A process group's collective timeout, extended so that the other ranks
+    outlast a rank that waits for a fix (engine/_distributed.py)."""
+
+    event: ClassVar[str] = "distributed.timeout_extended"
+    group: str
+    timeout_s: float
+    extended_s: float
+
+
+@dataclass(frozen=True)
 class RuleFailed(Event):
     event: ClassVar[str] = "rule.failed"
     level: ClassVar[str] = "error"

@@ -35,9 +35,13 @@ class DecisionPatch(Patch):
     #: 0: the crashed frame; N: its N-th (non-daifu) caller, where the
     #: exception is handed and the decision is taken (the console's ``up``)
     frame: int = 0
+    #: "rank": this process alone; "job": every rank of a distributed job
+    #: takes it together (engine/_distributed.py ``agree``)
+    scope: str = "rank"
 
     def summary(self) -> str:
-        return self.decision.value + (f" (in caller frame {self.frame})" if self.frame else "")
+        return self.decision.value + (f" (in caller frame {self.frame})" if self.frame else "") \
+            + (" (all ranks)" if self.scope == "job" else "")
 
 
 @dataclass

@@ -115,7 +115,7 @@ class Waiter:
                 req = server.requests.get(timeout=timeout)
             except queue.Empty:
                 continue
-            console, output = run_line(crash, engine, req.text, req.origin)
+            console, output = run_line(crash, engine, req.text, req.origin, req.scope)
             decision = console.decision
             resumed = isinstance(decision, Decision) and decision is not ABORT
             req.reply = {"ok": console.ok, "output": output, "resumed": resumed,

@@ -41,6 +41,7 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.apply()
     uninstall()
     from ..cells._lazy import use_dynamo
+    from ..engine._distributed import enable_flight_recorder, extend_collective_timeouts
     from ..engine._loaders import record_sent_indices
     from ._child import patch_spawn
 
@@ -51,7 +52,10 @@ def install(modules: str | None = None, entry: str | None = None,
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
                "torch.utils.data.dataloader": lambda: record_sent_indices(),
-               "torch._dynamo.eval_frame": lambda: use_dynamo()}
+               "torch._dynamo.eval_frame": lambda: use_dynamo(),
+               # a rank waiting for a fix must not time its peers out
+               "torch.distributed.distributed_c10d": lambda: extend_collective_timeouts()}
+    enable_flight_recorder()  # which collectives a statement ran (rank-local decisions)
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later)
     sys.meta_path.insert(0, _finder)

@@ -66,27 +66,98 @@ def _duration(seconds: float) -> str:
 
 
 def send(args: list[str]) -> int:
+    job = bool(args) and args[0] == "--job"
+    if job:
+        args = args[1:]
     if len(args) < 2 or not args[0].isdigit():
-        print("usage: python -m daifu send PID COMMAND ...   (e.g. send 1234 retry,\n"
-              "       send 1234 exec 'lr = 0.01', send 1234 p loss)", file=sys.stderr)
+        print("usage: python -m daifu send [--job] PID COMMAND ...   (e.g. send 1234 retry,\n"
+              "       send 1234 exec 'lr = 0.01', send 1234 p loss; --job: to every waiting\n"
+              "       rank of PID's distributed job, a decision for all ranks together)",
+              file=sys.stderr)
         return FAILED
     pid, words = int(args[0]), args[1:]
     text = " ".join(words)
     if words[0] == "exec" and len(words) > 1:
         text = "exec\n" + " ".join(words[1:]) + "\n"
+    if job:
+        return _send_job(pid, text)
     try:
         reply = request(pid, {"op": "send", "cmd": text})
     except (EndpointError, OSError) as exc:
         print(f"daifu send: {exc}", file=sys.stderr)
         return NO_JOB
+    return _answer(reply)
+
+
+def _answer(reply: dict, prefix: str = "") -> int:
     if reply.get("error"):
-        print(f"daifu send: {reply['error']}", file=sys.stderr)
+        print(f"daifu send: {prefix}{reply['error']}", file=sys.stderr)
         return NO_JOB if "permission denied" in reply["error"] else FAILED
     if reply.get("output"):
-        print(reply["output"], end="" if reply["output"].endswith("\n") else "\n")
+        out = reply["output"] if not prefix else "".join(
+            prefix + line for line in reply["output"].splitlines(keepends=True))
+        print(out, end="" if out.endswith("\n") else "\n")
     if not reply.get("ok"):
         return FAILED
     return RESUMED if reply.get("resumed") else STILL_WAITING
+
+
+def job_ranks(pid: int) -> tuple[dict, list[dict]]:
+    """(PID's status, the waiting ranks of its distributed job in rank order)."""
+    mine = request(pid, {"op": "status"}, timeout=3.0)
+    if not mine.get("ok"):
+        raise EndpointError(mine.get("error") or f"job {pid} did not answer")
+    if "job" not in mine or "rank" not in mine:
+        raise EndpointError(f"job {pid} is not a rank of a distributed job (no RANK, "
+                            "WORLD_SIZE and TORCHELASTIC_RUN_ID): send it without --job")
+    ranks = [j for j in list_jobs() if j.get("job") == mine["job"]]
+    ranks.sort(key=lambda j: j.get("rank", -1))
+    return mine, ranks
+
+
+def send_to_ranks(ranks: list[dict], text: str) -> dict[int, dict]:
+    """The same command to every rank at once, as a decision for all of them
+    (each rank holds its answer until every rank has agreed)."""
+    import threading
+
+    replies: dict[int, dict] = {}
+
+    def one(job: dict) -> None:
+        try:
+            replies[job["pid"]] = request(job["pid"], {"op": "send", "cmd": text,
+                                                       "scope": "job"})
+        except (EndpointError, OSError) as exc:
+            replies[job["pid"]] = {"ok": False, "error": str(exc)}
+
+    threads = [threading.Thread(target=one, args=(job,), daemon=True) for job in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return replies
+
+
+def _send_job(pid: int, text: str) -> int:
+    try:
+        mine, ranks = job_ranks(pid)
+    except (EndpointError, OSError) as exc:
+        print(f"daifu send: {exc}", file=sys.stderr)
+        return NO_JOB
+    world = int(mine.get("world_size") or 0)
+    waiting = {j["rank"] for j in ranks}
+    missing = [r for r in range(world) if r not in waiting]
+    if missing:
+        print(f"daifu send: rank(s) {', '.join(map(str, missing))} of job {mine['job']} are "
+              f"not waiting at a crash; a decision for all ranks will be refused",
+              file=sys.stderr)
+    replies = send_to_ranks(ranks, text)
+    statuses = [_answer(replies[j["pid"]], prefix=f"rank {j['rank']} (pid {j['pid']}): ")
+                for j in ranks]
+    if any(s == NO_JOB for s in statuses):
+        return NO_JOB
+    if any(s == FAILED for s in statuses):
+        return FAILED
+    return RESUMED if statuses and all(s == RESUMED for s in statuses) else STILL_WAITING
 
 
 def attach(args: list[str]) -> int:

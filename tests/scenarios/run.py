@@ -98,7 +98,7 @@ def load_cases(names: list[str] | None = None, fast: bool = False) -> list[Case]
 
 
 def _env(log: Path) -> dict:
-    env = dict(os.environ, PYTHONHASHSEED="0", DAIFU_BENCH_LOG=str(log))
+    env = dict(os.environ, PYTHONHASHSEED="0", DAIFU_BENCH_LOG=str(log), OMP_NUM_THREADS="1")
     env.pop("DAIFU_MODULES", None)
     return env
 
@@ -141,6 +141,37 @@ def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> li
     return replies
 
 
+def _run_rank_session(proc: subprocess.Popen, lines: list[str], timeout: float,
+                      waiting: int, delay: float) -> list[dict]:
+    """A session with a distributed job: once ``waiting`` ranks wait on a
+    crash (and ``delay`` seconds more), each line goes to the first waiting
+    rank, or -- ``job: COMMAND`` -- to every waiting rank (``send --job``)."""
+    from daifu.engine._control import list_jobs, request
+    from daifu.hooks._remote import send_to_ranks
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            return []
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{waiting} rank(s) never waited on a crash")
+        ranks = sorted((j for j in list_jobs() if "rank" in j), key=lambda j: j["rank"])
+        if len(ranks) >= waiting:
+            break
+        time.sleep(0.1)
+    time.sleep(delay)
+    replies = []
+    for line in lines:
+        text = line.replace("\\n", "\n")
+        if text.startswith("job:"):
+            answers = send_to_ranks(ranks, text[4:].strip())
+            replies += [answers[j["pid"]] for j in ranks]
+        else:
+            replies.append(request(ranks[0]["pid"], {"op": "send", "cmd": text},
+                                   timeout=timeout))
+    return replies
+
+
 def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     meta = case.meta
     res = Result(case.name, meta["scenario"], meta["family"], meta["exception"], meta["patch"],
@@ -151,17 +182,27 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
                             "(pip install -e '.[test,frameworks]')")
         return res
     work = workdir / case.name
+    own = [f for f in ("fix.py", "session.txt") if (case.path / f).exists()]
     for side in ("reference", "live"):  # separate trees: runs leave files behind
         shutil.copytree(case.programs, work / side / case.name)
         shutil.copy(HERE / "_common.py", work / side / "_common.py")
+        if own and case.path != case.programs:  # the case's own fix replaces the program's
+            for name in ("fix.py", "session.txt"):
+                (work / side / case.name / name).unlink(missing_ok=True)
+                if name in own:
+                    shutil.copy(case.path / name, work / side / case.name / name)
     rdir, cdir = work / "reference" / case.name, work / "live" / case.name
     args = meta.get("args", [])
     reference = meta.get("reference", "corrected.py")
+    ranks = int(meta.get("ranks", 0))
+    # a distributed case: every program runs as `ranks` processes under torchrun
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node", str(ranks)] if ranks else [sys.executable]
 
     # 1. the reference: a fresh process of the corrected program (also the restart baseline)
     ref_log = work / "reference.iter"
     started = time.time()
-    ref = subprocess.run([sys.executable, reference, "--out", "reference.pt", *args], cwd=rdir,
+    ref = subprocess.run([*launch, reference, "--out", "reference.pt", *args], cwd=rdir,
                          capture_output=True, text=True, timeout=timeout, env=_env(ref_log))
     if ref.returncode != 0:
         res.problems.append(f"reference run failed: {ref.stderr[-1500:]}")
@@ -170,8 +211,11 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
 
     # 2. the buggy program under daifu, with its fix
     live_log, events_path = work / "live.iter", work / "events.jsonl"
-    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), "--journal",
-           str(work / "journal.jsonl")]
+    if ranks:  # one event log per rank (torchrun takes --log for its --log-dir)
+        cmd = [*launch, "-m", "daifu", "--log-file", str(work / "events-{rank}.jsonl")]
+    else:
+        cmd = [*launch, "-m", "daifu", "--log", str(events_path), "--journal",
+               str(work / "journal.jsonl")]
     if (cdir / "fix.py").exists():
         cmd += ["--fixes", "fix.py"]
     session = (cdir / "session.txt").read_text().splitlines() if (cdir / "session.txt").exists() \
@@ -183,13 +227,24 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
                             stdin=subprocess.DEVNULL, text=True, env=_env(live_log))
     replies = []
     try:
-        if session:
+        if session and ranks:
+            replies = _run_rank_session(proc, [s for s in session if s.strip()], timeout,
+                                        int(meta.get("waiting_ranks", 1)),
+                                        float(meta.get("session_delay_s", 0)))
+        elif session:
             replies = _run_session(proc, [s for s in session if s.strip()], timeout)
         out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
-    events = read_events(events_path)
+    if ranks:
+        events = sorted((e for r in range(ranks)
+                         for e in read_events(work / f"events-{r}.jsonl")), key=_stamp)
+    else:
+        events = read_events(events_path)
+    for reason in meta.get("refused", []):
+        if not [e for e in events if e["event"] == "patch.rejected" and reason in e["reason"]]:
+            res.problems.append(f"no decision was refused with {reason!r}")
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
     if proc.returncode != 0:
         res.problems.append(f"the run under daifu failed (exit {proc.returncode}): {err[-2000:]}")

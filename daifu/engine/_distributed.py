@@ -1,0 +1,302 @@
+"""Distributed jobs (torchrun, or any launcher that sets RANK and WORLD_SIZE).
+
+Three things, all quiet outside an initialized process group of more than
+one rank:
+
+* **Peers survive a slow fix.**  A rank that waits for a fix blocks its peers
+  in their next collective; gloo (and NCCL) end that collective after the
+  process group's timeout.  Every process group the program creates gets its
+  timeout extended by the longest a rank of this job may wait for a fix
+  (``--wait``; a console: ``DAIFU_PEER_TIMEOUT``, a day by default).  When
+  nobody fixes it, the waiting rank gives up as without daifu, exits, and the
+  launcher ends its peers at once.
+
+* **Rank-local decisions are checked before they run** (``local_reason``).
+  Retrying a statement that already ran a collective on this rank, skipping a
+  statement that runs one, or continuing a loop past collectives would put
+  this rank's collectives out of step with its peers' (a gloo size-mismatch
+  abort, or silently mixed steps).  PyTorch's flight recorder
+  (``TORCH_FR_BUFFER_SIZE``; daifu turns it on for distributed jobs) lists
+  this rank's recent collectives with their Python stacks: the check reads
+  which statements of the crashed function issued them.  Where it cannot tell,
+  it refuses.
+
+* **Job decisions are agreed** (``agree``).  A decision for all ranks (``send
+  --job``, the console's ``all``, a rule returning ``daifu.all_ranks(...)``)
+  runs only when every rank of the job is at the same crash and takes the same
+  decision; ranks meet in the process group's store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ._decision import CONTINUE, RETRY, SKIP, Decision
+
+if TYPE_CHECKING:
+    from ._crash import Crash
+
+#: entries the flight recorder keeps when daifu turns it on
+FLIGHT_RECORDER_ENTRIES = 2000
+#: how long a rank waits for its peers to take the same job decision (s)
+AGREE_TIMEOUT_S = float(os.environ.get("DAIFU_AGREE_TIMEOUT", "30"))
+#: the peers' extra collective timeout while a console may wait (s)
+_DAY = 86400.0
+
+
+def in_job() -> bool:
+    """A launcher started this process as one rank of several."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        return False
+
+
+def enable_flight_recorder() -> None:
+    """Before torch is imported: let the flight recorder keep this rank's
+    recent collectives (with Python stacks) unless the user chose a size."""
+    if in_job() and "TORCH_FR_BUFFER_SIZE" not in os.environ:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
+
+
+def _group():
+    """The default process group, when there is one of several ranks."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        return dist.distributed_c10d._get_default_group()
+    except Exception:
+        return None
+
+
+# -- peers survive a slow fix -------------------------------------------------------
+
+
+def peer_timeout_s() -> float:
+    """How much longer a collective must wait for a rank that waits for a fix."""
+    env = os.environ.get("DAIFU_PEER_TIMEOUT")
+    if env is not None:
+        try:
+            return max(0.0, float(env))
+        except ValueError:
+            pass
+    from . import ENGINE
+
+    longest = 0.0
+    for waiter in ENGINE.waiters:
+        wait = getattr(waiter, "wait_s", 0.0)
+        if getattr(waiter, "console", False) or wait is None:
+            return _DAY
+        longest = max(longest, float(wait))
+    return longest + 60.0 if longest else 0.0
+
+
+def extend_collective_timeouts() -> None:
+    """Patch ``torch.distributed.distributed_c10d`` (once it is imported): every
+    process group is created with its timeout plus ``peer_timeout_s()``."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    if helper is None or getattr(helper, "_daifu_extended", False):
+        if helper is None and c10d is not None:
+            _warn("cannot extend process-group timeouts (this PyTorch has no "
+                  "_new_process_group_helper): a fix that takes longer than the timeout "
+                  "loses the job")
+        return
+
+    def _new_process_group_helper(*args, **kwargs):
+        timeout = kwargs.get("timeout")
+        extra = peer_timeout_s() if in_job() else 0.0
+        if extra and isinstance(timeout, datetime.timedelta):
+            kwargs["timeout"] = timeout + datetime.timedelta(seconds=extra)
+            from ._events import TimeoutExtended, emit
+
+            emit(TimeoutExtended(group=str(kwargs.get("group_desc") or ""),
+                                 timeout_s=timeout.total_seconds(),
+                                 extended_s=kwargs["timeout"].total_seconds()))
+        return helper(*args, **kwargs)
+
+    _new_process_group_helper._daifu_extended = True  # type: ignore[attr-defined]
+    _new_process_group_helper.__wrapped__ = helper  # type: ignore[attr-defined]
+    c10d._new_process_group_helper = _new_process_group_helper
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"daifu: {text}\n")
+
+
+# -- rank-local decisions ----------------------------------------------------------
+
+
+def _collectives() -> list[dict[str, Any]] | None:
+    """This rank's recent collectives issued by this thread, oldest first;
+    None when the flight recorder is off."""
+    try:
+        if int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) <= 0:
+            return None
+        import torch
+
+        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    except Exception:
+        return None
+    me = str(threading.get_ident())
+    entries = [e for e in dump.get("entries") or [] if str(e.get("thread_id")) == me]
+    entries.sort(key=lambda e: e.get("record_id", 0))
+    return entries
+
+
+def _line_in(entry: dict[str, Any], code) -> int | None:
+    """The line the crashed function was at when it issued ``entry``."""
+    last = max((line for _, _, line in code.co_lines() if line is not None),
+               default=code.co_firstlineno)
+    for frame in entry.get("frames") or ():
+        if frame.get("filename") == code.co_filename and frame.get("name") == code.co_name \
+                and code.co_firstlineno <= int(frame.get("line") or 0) <= last:
+            return int(frame["line"])
+    return None
+
+
+def _chain(entry: dict[str, Any], code) -> list[tuple[str, str, int]]:
+    """The entry's Python frames from the crashed function inward."""
+    frames = [(f.get("filename"), f.get("name"), int(f.get("line") or 0))
+              for f in entry.get("frames") or ()]
+    frames.reverse()  # outermost first
+    for i, (filename, name, _) in enumerate(frames):
+        if filename == code.co_filename and name == code.co_name:
+            return frames[i:]
+    return []
+
+
+def _crash_chain(crash: Crash) -> list[tuple[str, str, int]]:
+    """The exception's traceback from the crashed frame inward."""
+    out = [(crash.filename, crash.frame.f_code.co_name, crash.lineno or 0)]
+    tb = crash.exception.__traceback__
+    while tb is not None and tb.tb_frame is not crash.frame:
+        tb = tb.tb_next
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        out.append((code.co_filename, code.co_name, tb.tb_lineno))
+        tb = tb.tb_next
+    return out
+
+
+def _issued_in_this_run(entry: dict[str, Any], crash: Crash) -> bool:
+    """Was ``entry`` (issued under the failing statement) issued by this
+    execution of it, before it failed -- rather than by an earlier iteration's?
+    Compares where the collective was issued with where the exception was
+    raised, frame by frame from the crashed function inward: a collective at
+    an earlier line of the same function ran before the failure.  Where the
+    two paths part in different functions, it cannot tell: yes."""
+    issued, failed = _chain(entry, crash.frame.f_code), _crash_chain(crash)
+    for (f1, n1, l1), (f2, n2, l2) in zip(issued, failed):
+        if (f1, n1) != (f2, n2):
+            return True
+        if l1 != l2:
+            return l1 < l2
+    return True  # the same call issued it and failed (backward, a collective that raised)
+
+
+def local_reason(decision: Decision, crash: Crash) -> str | None:
+    """Why ``decision`` on this rank alone would put its collectives out of
+    step with the other ranks'; None when it would not (or no process group)."""
+    if decision not in (RETRY, SKIP, CONTINUE) or _group() is None:
+        return None
+    entries = _collectives()
+    how = ("send it to every rank (python -m daifu send --job PID ..., the console's "
+           "`all ...`, or a rule returning daifu.all_ranks(...)) if all ranks crashed here, "
+           "or fix the cause and retry")
+    if entries is None:
+        return (f"{decision.value} on rank {_rank()} alone could put its collectives out of "
+                f"step, and PyTorch's flight recorder is off (TORCH_FR_BUFFER_SIZE) so daifu "
+                f"cannot tell; {how}")
+    code = crash.frame.f_code
+    first, last = crash.cell.lineno or crash.lineno or 0, crash.cell.end_lineno or \
+        crash.cell.lineno or crash.lineno or 0
+    here = [(e, line) for e in entries if (line := _line_in(e, code)) is not None]
+    in_statement = [e for e, line in here if first <= line <= last]
+    if decision is RETRY:
+        if in_statement and here[-1][0] is in_statement[-1] and \
+                _issued_in_this_run(in_statement[-1], crash):
+            return (f"the failing statement already ran {_name(in_statement[-1])} on rank "
+                    f"{_rank()} before it failed; running it again would run that collective "
+                    f"twice while the other ranks have gone past it. {how[0].upper()}{how[1:]}")
+        return None
+    if not here:
+        return (f"{decision.value} on rank {_rank()} alone: this rank has no record yet of "
+                f"the collectives {crash.function}() runs, so daifu cannot tell whether "
+                f"the other ranks wait for one that {decision.value} would leave out; {how}")
+    if decision is SKIP:
+        if in_statement:
+            return (f"skipping the failing statement on rank {_rank()} alone would leave out "
+                    f"{_name(in_statement[-1])}, which it runs and the other ranks wait in; "
+                    f"{how}")
+        return None
+    ran = {id(e) for e in in_statement if _issued_in_this_run(e, crash)}
+    left_out = [(line, e) for e, line in here if line > last] + \
+        [(line, e) for e, line in here if first <= line <= last and id(e) not in ran]
+    if left_out:
+        line, entry = min(left_out, key=lambda item: item[0])
+        return (f"going on with the loop's next item on rank {_rank()} alone would leave out "
+                f"{_name(entry)} at line {line}, which the other ranks run in this iteration; "
+                f"{how}")
+    return None
+
+
+def _name(entry: dict[str, Any]) -> str:
+    name = str(entry.get("profiling_name") or "a collective").split(":")[-1]
+    return f"{name} (collective #{entry.get('collective_seq_id', '?')})"
+
+
+def _rank() -> str:
+    return os.environ.get("RANK", "?")
+
+
+# -- job decisions ---------------------------------------------------------------
+
+_rounds = 0
+_rounds_lock = threading.Lock()
+
+
+def agree(decision: Decision, crash: Crash) -> None:
+    """Wait until every rank of the job takes ``decision`` at the same crash;
+    raise ``PatchError`` with the reason when they do not (in time)."""
+    from .._errors import PatchError
+
+    group = _group()
+    if group is None:
+        return
+    dist = sys.modules["torch.distributed"]
+    global _rounds
+    with _rounds_lock:
+        _rounds += 1
+        n = _rounds
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = f"{crash.where}|{crash.statement}|{decision.value}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"daifu/agree/{n}/{rank}", mine)
+        keys = [f"daifu/agree/{n}/{r}" for r in range(world)]
+        store.wait(keys, datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+        theirs = {r: store.get(k).decode() for r, k in enumerate(keys)}
+    except Exception as exc:
+        with _rounds_lock:
+            _rounds -= 1  # this round never happened; the next try reuses its number
+        raise PatchError(f"{decision.value} for all ranks: not every rank of the job took it "
+                         f"within {AGREE_TIMEOUT_S:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
+                         f"not crash here waits in a collective; fix the crashed rank alone "
+                         f"({type(exc).__name__})") from None
+    other = {r: v for r, v in theirs.items() if v != mine}
+    if other:
+        r, v = next(iter(other.items()))
+        where, _, rest = v.partition("|")
+        raise PatchError(f"{decision.value} for all ranks: rank {r} is at a different crash or "
+                         f"decision ({where}: {rest.rsplit('|', 1)[-1]}), so the ranks would not "
+                         f"stay in step")
