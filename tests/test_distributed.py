@@ -62,8 +62,8 @@ def repair(crash):
 '''
 
 
-def torchrun(args, cwd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(args, cwd, extra_env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env=env)
@@ -99,3 +99,109 @@ def test_daifu_around_the_launcher_is_refused_with_how_to_launch(tmp_path):
     assert proc.returncode == 2 and not proc.stdout
     assert "vaccinate the launcher" in proc.stderr
     assert "torchrun [torchrun options] -m daifu [daifu options] train.py" in proc.stderr
+
+
+MAIN_RULES = '''
+import daifu
+
+@daifu.on(KeyError, where="main")
+def redo_the_call(crash):  # refused: the call already all-reduced the loss metric
+    crash.globals["SCALES"][crash.vars["rank"]][crash.vars["step"]] = 1.0
+    return daifu.RETRY
+
+@daifu.on(KeyError, where="main")
+def drop_it_on_all_ranks(crash):  # refused: rank 0 did not crash, it waits in a collective
+    return daifu.all_ranks(daifu.CONTINUE)
+'''
+
+METRIC = TRAIN.replace(
+    "    scale = SCALES[rank][step]\n    return nn.functional.mse_loss(model(x), y) * scale",
+    "    loss = nn.functional.mse_loss(model(x), y)\n"
+    "    metric = loss.detach().clone()\n"
+    "    dist.all_reduce(metric)\n"
+    "    return loss * SCALES[rank][step]")
+
+
+def test_rank_local_retry_after_a_collective_and_a_lone_all_ranks_decision_are_refused(
+        tmp_path):
+    """Without a fix that keeps the ranks in step the job fails as without
+    daifu -- fast, with the crashed rank's exception -- after each refusal
+    said why."""
+    assert METRIC != TRAIN
+    (tmp_path / "train.py").write_text(METRIC.format(bad="{(1, 3)}"))
+    (tmp_path / "fix.py").write_text(MAIN_RULES)
+    env = {"DAIFU_AGREE_TIMEOUT": "3"}
+    proc = torchrun(["-m", "daifu", "--log-file", "events-{rank}.jsonl", "--fixes", "fix.py",
+                     "train.py", "live.pt"], tmp_path, env)
+    assert proc.returncode != 0
+    assert "KeyError" in proc.stderr
+    rejected = [e["reason"] for e in read_events(tmp_path / "events-1.jsonl")
+                if e["event"] == "patch.rejected"]
+    assert len(rejected) == 2, rejected
+    assert "already ran all_reduce" in rejected[0]
+    assert "not every rank of the job took it within 3s" in rejected[1]
+
+
+def test_nobody_fixes_it_the_job_fails_fast_and_clearly(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN.format(bad="{(1, 3)}"))
+    import time
+
+    started = time.monotonic()
+    proc = torchrun(["-m", "daifu", "--wait", "2", "train.py", "live.pt"], tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode != 0
+    assert "KeyError: 3" in proc.stderr and "waiting up to 2s for a fix" in proc.stderr
+    assert took < 40, took  # not the extended timeout (62 s on top of gloo's 30 min)
+    assert not (tmp_path / "live.pt").exists()
+
+
+def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
+    """Both ranks crash on one terminal: rank-ownership of the console, the
+    other rank listed, one `all` command for both, bit-identical."""
+    import pty
+    import select
+    import time
+
+    (tmp_path / "train.py").write_text(TRAIN.format(bad="{(0, 3), (1, 3)}"))
+    (tmp_path / "ref.py").write_text(TRAIN.format(bad="()"))
+    assert torchrun(["ref.py", "ref.pt"], tmp_path).returncode == 0
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: torchrun on the terminal
+        os.chdir(tmp_path)
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", "2", "-m", "daifu", "train.py", "live.pt"])
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 120) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")[-3000:]
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+
+    try:
+        read_until(b"(daifu) ")
+        read_until(b"crashed too")  # the other rank waits and says where the console is
+        os.write(fd, b"ranks\n")
+        read_until(b"  rank ")
+        os.write(fd, b"all exec SCALES[rank][step] = 1.0\n")
+        read_until(b"(daifu) ", 30)
+        os.write(fd, b"all retry\n")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        read_until(b"", 1)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")[-3000:]
+    text = seen.decode(errors="replace")
+    assert text.count("type help for commands") == 1  # one console, not one per rank
+    assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))

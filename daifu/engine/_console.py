@@ -55,6 +55,10 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   exec             run several lines (end with an empty line)
   interact         a Python prompt in the focused frame (Ctrl-D returns; assignments stick)
   help             this text
+In a distributed job (torchrun):
+  ranks            the job's ranks that wait on a crash
+  rank N           talk to rank N's crash (back: return to this rank's)
+  all COMMAND      COMMAND on every waiting rank; a decision is for all ranks together
 """
 
 PASS = object()  # "no decision here"
@@ -445,6 +449,122 @@ class Console(cmd.Cmd):
         """help: list the commands"""
         self.say(HELP)
         return False
+
+    # -- distributed jobs --------------------------------------------------------------
+
+    def _job_ranks(self) -> list[dict] | None:
+        """The other waiting ranks of this process's distributed job."""
+        from ._control import list_jobs
+
+        job = _events.distributed().get("job")
+        if job is None:
+            self.ok = False
+            self.say("this process is not a rank of a distributed job")
+            return None
+        ranks = [j for j in list_jobs() if j.get("job") == job and j["pid"] != os.getpid()]
+        return sorted(ranks, key=lambda j: j.get("rank", -1))
+
+    def do_ranks(self, arg: str) -> bool:
+        """ranks: the job's ranks that wait on a crash"""
+        ranks = self._job_ranks()
+        if ranks is None:
+            return False
+        me = _events.distributed()
+        self.say(f"> rank {me.get('rank')} (pid {os.getpid()}): {self.crash.where} "
+                 f"{type(self.crash.exception).__qualname__}: {self.crash.statement}")
+        for job in ranks:
+            self.say(f"  rank {job.get('rank')} (pid {job['pid']}): {job['where']} "
+                     f"{job['exc_type']}: {job['statement']}")
+        world = me.get("world_size")
+        waiting = {me.get("rank")} | {j.get("rank") for j in ranks}
+        running = [r for r in range(int(world or 0)) if r not in waiting]
+        if running:
+            self.say(f"  running (not at a crash): rank {', '.join(map(str, running))}")
+        return False
+
+    def do_rank(self, arg: str) -> bool:
+        """rank N: talk to rank N's crash (``back`` returns here)"""
+        from ._control import EndpointError, Session
+
+        ranks = self._job_ranks()
+        if ranks is None:
+            return False
+        target = [j for j in ranks if str(j.get("rank")) == arg.strip()]
+        if not target:
+            self.ok = False
+            self.say(f"rank {arg.strip()!r} does not wait on a crash (see `ranks`)")
+            return False
+        session = Session(target[0]["pid"])
+        try:
+            hello = session.open()
+            if not hello.get("ok"):
+                raise EndpointError(hello.get("error") or "refused")
+            self.say(hello.get("report", ""))
+            prompt = f"(daifu rank {arg.strip()}) "
+            while True:
+                line = self._readline(prompt)
+                if line is None or line.strip() == "back":
+                    self.say(f"back at rank {_events.distributed().get('rank')}")
+                    return False
+                if not line.strip():
+                    continue
+                reply = session.command(line)
+                if reply.get("output"):
+                    self.say(reply["output"])
+                if reply.get("error"):
+                    self.say(reply["error"])
+                    return False
+                if reply.get("resumed") or reply.get("decision"):
+                    self.say(f"rank {arg.strip()}: {reply.get('decision')}; back at rank "
+                             f"{_events.distributed().get('rank')}")
+                    return False
+        except (EndpointError, OSError) as exc:
+            self.ok = False
+            self.say(f"rank {arg.strip()}: {exc}")
+            return False
+        finally:
+            session.close()
+
+    def _readline(self, prompt: str) -> str | None:
+        if self.use_rawinput:
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+        self.stdout.write(prompt)
+        self.stdout.flush()
+        line = self.stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    def do_all(self, arg: str) -> bool:
+        """all COMMAND: COMMAND on every waiting rank of the job, together"""
+        import threading
+
+        from ..hooks._remote import send_to_ranks
+
+        if not arg.strip():
+            self.ok = False
+            self.say("usage: all COMMAND   (e.g. all exec lr = 0.01, all retry)")
+            return False
+        ranks = self._job_ranks()
+        if ranks is None:
+            return False
+        replies: dict[int, dict] = {}
+        sender = threading.Thread(target=lambda: replies.update(send_to_ranks(ranks, arg)),
+                                  daemon=True)
+        sender.start()  # the others at once: a decision waits until every rank took it
+        self.scope = "job"
+        try:
+            stop = self.onecmd(arg)
+        finally:
+            self.scope = "rank"
+        sender.join()
+        for job in ranks:
+            reply = replies.get(job["pid"], {})
+            text = (reply.get("output") or "").rstrip() or reply.get("error") or (
+                reply.get("decision") or "ok")
+            self.say(f"rank {job.get('rank')}: {text}")
+        return stop
 
     def do_EOF(self, arg: str) -> bool:  # noqa: N802 - cmd.Cmd's name for end of input
         self.say("")

@@ -102,7 +102,7 @@ def peer_timeout_s() -> float:
 def extend_collective_timeouts() -> None:
     """Patch ``torch.distributed.distributed_c10d`` (once it is imported): every
     process group is created with its timeout plus ``peer_timeout_s()``."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
     helper = getattr(c10d, "_new_process_group_helper", None)
     if helper is None or getattr(helper, "_daifu_extended", False):
         if helper is None and c10d is not None:
@@ -143,7 +143,7 @@ def _collectives() -> list[dict[str, Any]] | None:
             return None
         import torch
 
-        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore
     except Exception:
         return None
     me = str(threading.get_ident())

@@ -42,6 +42,51 @@ class _Terminated(BaseException):
     pass
 
 
+#: ``Waiter._serve``: this rank took the job's console over
+_TAKEN = "took the job's console"
+
+
+class JobConsole:
+    """Who owns the shared terminal of a distributed job: a lock file per job
+    in the private runtime directory (``flock``: released when its holder
+    exits, however it exits)."""
+
+    def __init__(self) -> None:
+        from ._rundir import runtime_dir
+
+        job = str(distributed().get("job") or "job").replace("/", "_")
+        self.path = os.path.join(runtime_dir(), f"console-{job}.lock")
+        self._fd: int | None = None
+
+    def take(self) -> bool:
+        import fcntl
+
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{distributed().get('rank', '?')} {os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    def holder(self) -> str:
+        try:
+            with open(self.path) as fh:
+                return fh.read().split()[0]
+        except (OSError, IndexError):
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
 class Waiter:
     """An interactive patch source (``Engine.waiters``)."""
 
@@ -60,7 +105,6 @@ class Waiter:
             return self._wait(crash, engine)
 
     def _wait(self, crash: Crash, engine: Engine) -> str | None:
-        from ._console import PASS, run_local
         from ._report import build as build_report
 
         report = build_report(crash)
@@ -71,29 +115,50 @@ class Waiter:
                   "statement": crash.statement, "exc_type": type(crash.exception).__qualname__,
                   "message": exception_text(crash.exception, 200), "since": time.time(),
                   "argv": sys.argv[:], "console": self.console, **distributed()}
+        owner = None
+        if self.console and distributed():
+            # one console per job: the first crashed rank owns the shared
+            # terminal; the others wait (its `ranks` lists them) and take the
+            # terminal over, in turn, once it is free
+            owner = JobConsole()
+            if not owner.take():
+                waited = self._remote(crash, engine, {**status, "console": False}, report,
+                                      owner)
+                if waited != _TAKEN:
+                    return waited
         if self.console:
-            server = self._open(status, report.render(), local=True)
-            self._notify(crash, server)
             try:
-                console = run_local(crash, engine)
+                return self._console(crash, engine, status, report)
             finally:
-                if server is not None:
-                    server.stop()
-            return PASSED_ON if console.decision is PASS else None
+                if owner is not None:
+                    owner.release()
+        return self._remote(crash, engine, status, report)
+
+    def _remote(self, crash: Crash, engine: Engine, status: dict, report,
+                owner: JobConsole | None = None) -> str | None:
+        """Wait for commands over the control endpoint (``attach``/``send``)."""
         server = self._open(status, report.render(), local=False)
         if server is None:
             return "the control endpoint could not be opened (see daifu.internal_error)"
         emit(CrashWaiting(where=crash.where, socket=server.path, pid=os.getpid(),
-                          wait_s=self.wait_s if self.wait_s is not None else -1))
+                          wait_s=self.wait_s if self.wait_s is not None and owner is None
+                          else -1))
         self._notify(crash, server)
-        sys.stderr.write(report.render() + "\n")
-        limit = "forever" if self.wait_s is None else f"up to {self.wait_s:g}s"
-        sys.stderr.write(f"daifu: waiting {limit} for a fix -- from another terminal: "
-                         f"python -m daifu attach {os.getpid()}\n")
+        if owner is not None:
+            sys.stderr.write(f"daifu: rank {status.get('rank')} crashed too ({status['exc_type']} "
+                             f"at {crash.where}); it waits while the console on rank "
+                             f"{owner.holder()} is open (there: `ranks`, "
+                             f"`rank {status.get('rank')}`, `all ...`)\n")
+        else:
+            sys.stderr.write(report.render() + "\n")
+            limit = "forever" if self.wait_s is None else f"up to {self.wait_s:g}s"
+            sys.stderr.write(f"daifu: waiting {limit} for a fix -- from another terminal: "
+                             f"python -m daifu attach {os.getpid()}\n")
         sys.stderr.flush()
         previous = self._trap_sigterm()
         try:
-            return self._serve(crash, engine, server)
+            return self._serve(crash, engine, server,
+                               until=owner.take if owner is not None else None)
         except _Terminated:
             crash.patches.put(DecisionPatch(ABORT, origin="sigterm"))
             return "SIGTERM while waiting"
@@ -101,13 +166,31 @@ class Waiter:
             server.stop()
             self._restore_sigterm(previous)
 
-    def _serve(self, crash: Crash, engine: Engine, server: ControlServer) -> str | None:
+    def _console(self, crash: Crash, engine: Engine, status: dict, report) -> str | None:
+        from ._console import PASS, run_local
+
+        server = self._open(status, report.render(), local=True)
+        self._notify(crash, server)
+        try:
+            console = run_local(crash, engine)
+        finally:
+            if server is not None:
+                server.stop()
+        return PASSED_ON if console.decision is PASS else None
+
+    def _serve(self, crash: Crash, engine: Engine, server: ControlServer,
+               until=None) -> str | None:
+        """Run remote commands until one decides.  ``until``: another rank
+        holds the job's console -- wait as long as it does (no ``--wait``
+        deadline), and return ``_TAKEN`` once ``until()`` took it over."""
         import queue
 
         from ._console import PASS, run_line
 
-        deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
+        deadline = None if self.wait_s is None or until else time.monotonic() + self.wait_s
         while True:
+            if until is not None and until():
+                return _TAKEN
             timeout = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if timeout <= 0:
                 return f"no fix within --wait {self.wait_s:g}s"
@@ -127,8 +210,8 @@ class Waiter:
                 return PASSED_ON
             if decision is not None:
                 return None
-            if self.wait_s is not None:  # the wait bounds idleness, not a working session
-                deadline = time.monotonic() + self.wait_s
+            if deadline is not None and self.wait_s is not None:
+                deadline = time.monotonic() + self.wait_s  # it bounds idleness, not a session
 
     def _notify(self, crash: Crash, server: ControlServer | None) -> None:
         """Run ``--notify CMD`` (in the background; it never holds the job up)."""
