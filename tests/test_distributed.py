@@ -189,7 +189,19 @@ def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
         read_until(b"(daifu) ")
         read_until(b"crashed too")  # the other rank waits and says where the console is
         os.write(fd, b"ranks\n")
-        read_until(b"  rank ")
+        read_until(b" (pid ", 30)
+        read_until(b"(daifu) ", 30)
+        import re
+
+        other = re.search(rb"\n  rank (\d) \(pid \d+\): ", seen).group(1)
+        mark = len(seen)
+        os.write(fd, b"rank " + other + b"\n")  # switch to the other rank's crash
+        read_until(b"(daifu rank " + other + b") ", 30)
+        os.write(fd, b"p rank\n")
+        read_until(b"\n" + other + b"\r\n", 30)
+        os.write(fd, b"back\n")
+        read_until(b"back at rank", 30)
+        assert b"Traceback" not in seen[mark:]
         os.write(fd, b"all exec SCALES[rank][step] = 1.0\n")
         read_until(b"(daifu) ", 30)
         os.write(fd, b"all retry\n")

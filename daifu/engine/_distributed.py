@@ -15,11 +15,10 @@ one rank:
   Retrying a statement that already ran a collective on this rank, skipping a
   statement that runs one, or continuing a loop past collectives would put
   this rank's collectives out of step with its peers' (a gloo size-mismatch
-  abort, or silently mixed steps).  PyTorch's flight recorder
-  (``TORCH_FR_BUFFER_SIZE``; daifu turns it on for distributed jobs) lists
-  this rank's recent collectives with their Python stacks: the check reads
-  which statements of the crashed function issued them.  Where it cannot tell,
-  it refuses.
+  abort, or silently mixed steps).  PyTorch's flight recorder (on by
+  default: ``TORCH_FR_BUFFER_SIZE``) lists this rank's recent collectives with
+  their Python stacks: the check reads which statements of the crashed
+  function issued them.  Where it cannot tell, it refuses.
 
 * **Job decisions are agreed** (``agree``).  A decision for all ranks (``send
   --job``, the console's ``all``, a rule returning ``daifu.all_ranks(...)``)
@@ -41,27 +40,28 @@ from ._decision import CONTINUE, RETRY, SKIP, Decision
 if TYPE_CHECKING:
     from ._crash import Crash
 
-#: entries the flight recorder keeps when daifu turns it on
-FLIGHT_RECORDER_ENTRIES = 2000
 #: how long a rank waits for its peers to take the same job decision (s)
 AGREE_TIMEOUT_S = float(os.environ.get("DAIFU_AGREE_TIMEOUT", "30"))
 #: the peers' extra collective timeout while a console may wait (s)
 _DAY = 86400.0
 
 
-def in_job() -> bool:
-    """A launcher started this process as one rank of several."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
-    except ValueError:
-        return False
+def flight_recorder_off() -> bool:
+    """PyTorch's flight recorder keeps each rank's recent collectives (2000 by
+    default); the user can turn it off with ``TORCH_FR_BUFFER_SIZE=0``."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value) <= 0
+            except ValueError:
+                return False
+    return False
 
 
-def enable_flight_recorder() -> None:
-    """Before torch is imported: let the flight recorder keep this rank's
-    recent collectives (with Python stacks) unless the user chose a size."""
-    if in_job() and "TORCH_FR_BUFFER_SIZE" not in os.environ:
-        os.environ["TORCH_FR_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
+def active() -> bool:
+    """An initialized process group of several ranks (torchrun, mp.spawn, ...)."""
+    return "torch.distributed" in sys.modules and _group() is not None
 
 
 def _group():
@@ -113,7 +113,7 @@ def extend_collective_timeouts() -> None:
 
     def _new_process_group_helper(*args, **kwargs):
         timeout = kwargs.get("timeout")
-        extra = peer_timeout_s() if in_job() else 0.0
+        extra = peer_timeout_s()
         if extra and isinstance(timeout, datetime.timedelta):
             kwargs["timeout"] = timeout + datetime.timedelta(seconds=extra)
             from ._events import TimeoutExtended, emit
@@ -139,7 +139,7 @@ def _collectives() -> list[dict[str, Any]] | None:
     """This rank's recent collectives issued by this thread, oldest first;
     None when the flight recorder is off."""
     try:
-        if int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) <= 0:
+        if flight_recorder_off():
             return None
         import torch
 
@@ -215,7 +215,7 @@ def local_reason(decision: Decision, crash: Crash) -> str | None:
            "or fix the cause and retry")
     if entries is None:
         return (f"{decision.value} on rank {_rank()} alone could put its collectives out of "
-                f"step, and PyTorch's flight recorder is off (TORCH_FR_BUFFER_SIZE) so daifu "
+                f"step, and PyTorch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0) so daifu "
                 f"cannot tell; {how}")
     code = crash.frame.f_code
     first, last = crash.cell.lineno or crash.lineno or 0, crash.cell.end_lineno or \
@@ -243,7 +243,8 @@ def local_reason(decision: Decision, crash: Crash) -> str | None:
     left_out = [(line, e) for e, line in here if line > last] + \
         [(line, e) for e, line in here if first <= line <= last and id(e) not in ran]
     if left_out:
-        line, entry = min(left_out, key=lambda item: item[0])
+        # the first collective it would leave out, as the last iteration ran it
+        line, entry = min(left_out, key=lambda item: (item[0], -item[1].get("record_id", 0)))
         return (f"going on with the loop's next item on rank {_rank()} alone would leave out "
                 f"{_name(entry)} at line {line}, which the other ranks run in this iteration; "
                 f"{how}")

@@ -520,7 +520,7 @@ class Engine:
             raise PatchError(f"cannot skip here: {crash.skip_reason}")
         if decision is CONTINUE and not crash.can_continue:
             raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
-        if _distributed.in_job():  # one rank of several: keep the collectives in step
+        if _distributed.active():  # one rank of several: keep the collectives in step
             if scope == "job":
                 _distributed.agree(decision, crash)
             elif (reason := _distributed.local_reason(decision, crash)) is not None:

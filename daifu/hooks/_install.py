@@ -41,7 +41,7 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.apply()
     uninstall()
     from ..cells._lazy import use_dynamo
-    from ..engine._distributed import enable_flight_recorder, extend_collective_timeouts
+    from ..engine._distributed import extend_collective_timeouts
     from ..engine._loaders import record_sent_indices
     from ._child import patch_spawn
 
@@ -55,7 +55,6 @@ def install(modules: str | None = None, entry: str | None = None,
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
                # a rank waiting for a fix must not time its peers out
                "torch.distributed.distributed_c10d": lambda: extend_collective_timeouts()}
-    enable_flight_recorder()  # which collectives a statement ran (rank-local decisions)
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later)
     sys.meta_path.insert(0, _finder)

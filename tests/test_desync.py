@@ -1,0 +1,173 @@
+"""The rank-local decision check (engine/_distributed.py), without a cluster.
+
+A fake collective records what PyTorch's flight recorder records -- the
+Python stack where it was issued -- and the process "is" rank 1 of 2; the
+end-to-end versions with torchrun, gloo and DDP are in test_distributed.py
+and the crash benchmark's ddp_* cases."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+import pytest
+
+import daifu
+from daifu.engine import _distributed
+from daifu.engine._events import capture as capture_logs
+
+from .support import vaccinate
+
+SOURCE = '''
+LOG = []
+TABLE = {0: 1, 1: 1, 3: 1}
+
+def all_reduce(value):
+    COLLECTIVE(value)
+
+def reduced(step):
+    all_reduce(step)
+    return TABLE[step]
+
+def train():
+    for step in range(4):
+        scale = reduced(step)
+        all_reduce(scale)
+        LOG.append((step, scale))
+
+def train_lookup_after():
+    for step in range(4):
+        all_reduce(step)
+        scale = TABLE[step]
+        all_reduce(scale)
+        LOG.append((step, scale))
+'''
+
+
+@pytest.fixture
+def rank_one(monkeypatch):
+    """This process is rank 1 of 2; collectives go to a fake flight recorder."""
+    entries: list[dict] = []
+
+    def collective(value):
+        stack = traceback.extract_stack()[:-1]
+        entries.append({
+            "frames": [{"filename": f.filename, "name": f.name, "line": f.lineno}
+                       for f in reversed(stack)],
+            "record_id": len(entries), "collective_seq_id": len(entries) + 1,
+            "profiling_name": "gloo:all_reduce", "thread_id": str(threading.get_ident())})
+
+    monkeypatch.setattr(_distributed, "active", lambda: True)
+    monkeypatch.setattr(_distributed, "_group", lambda: object())
+    monkeypatch.setattr(_distributed, "_collectives", lambda: list(entries))
+    monkeypatch.setenv("RANK", "1")
+    ns = vaccinate(SOURCE, lazy=True)
+    ns["COLLECTIVE"] = collective
+    return ns
+
+
+def _rejected(logs):
+    return [e["reason"] for e in logs if e["event"] == "patch.rejected"]
+
+
+def test_continue_past_a_collective_and_retry_of_a_call_that_ran_one_are_refused(rank_one):
+    ns = rank_one
+
+    @daifu.on(KeyError, where="train")
+    def drop(crash):
+        return daifu.CONTINUE
+
+    @daifu.on(KeyError, where="train")
+    def redo(crash):
+        crash.globals["TABLE"][2] = 1
+        return daifu.RETRY
+
+    with capture_logs() as logs, pytest.raises(KeyError):
+        ns["train"]()
+    reasons = _rejected(logs)
+    assert len(reasons) == 2, reasons
+    assert "going on with the loop's next item on rank 1 alone would leave out all_reduce " \
+        "(collective #4) at line 15" in reasons[0]
+    assert "the failing statement already ran all_reduce (collective #5) on rank 1" \
+        in reasons[1]
+    assert ns["LOG"] == [(0, 1), (1, 1)]
+
+
+def test_retry_where_the_lookup_failed_after_the_collective_is_allowed(rank_one):
+    ns = rank_one
+
+    @daifu.on(KeyError, where="reduced")
+    def fix(crash):
+        crash.globals["TABLE"][2] = 1
+        return daifu.RETRY
+
+    with capture_logs() as logs:
+        ns["train"]()
+    assert not _rejected(logs)
+    assert ns["LOG"] == [(s, 1) for s in range(4)]
+
+
+def test_retry_in_the_loop_of_a_statement_before_its_collective_is_allowed(rank_one):
+    """The statement's earlier executions ran no collective and this one
+    failed before the next: a retry stays in step."""
+    ns = rank_one
+
+    @daifu.on(KeyError, where="train_lookup_after")
+    def fix(crash):
+        crash.globals["TABLE"][2] = 1
+        return daifu.RETRY
+
+    with capture_logs() as logs:
+        ns["train_lookup_after"]()
+    assert not _rejected(logs)
+    assert ns["LOG"] == [(s, 1) for s in range(4)]
+
+
+def test_skip_of_a_statement_that_runs_a_collective_is_refused(rank_one):
+    ns = rank_one
+    ns["TABLE"].pop(3)
+    calls = []
+
+    @daifu.on(KeyError, where="train")
+    def skip(crash):
+        calls.append(crash.statement)
+        return daifu.SKIP
+
+    with capture_logs() as logs, pytest.raises(KeyError):
+        ns["train"]()
+    assert calls == ["scale = reduced(step)"]
+    assert "skipping the failing statement on rank 1 alone would leave out all_reduce" \
+        in _rejected(logs)[0]
+
+
+def test_without_the_flight_recorder_rank_local_decisions_are_refused(rank_one, monkeypatch):
+    ns = rank_one
+    monkeypatch.setattr(_distributed, "_collectives", lambda: None)
+
+    @daifu.on(KeyError, where="train_lookup_after")
+    def fix(crash):
+        crash.globals["TABLE"][2] = 1
+        return daifu.RETRY
+
+    with capture_logs() as logs, pytest.raises(KeyError):
+        ns["train_lookup_after"]()
+    assert "flight recorder is off (TORCH_FR_BUFFER_SIZE=0)" in _rejected(logs)[0]
+
+
+def test_without_a_process_group_a_launchers_environment_changes_nothing(monkeypatch):
+    """RANK/WORLD_SIZE set but no process group initialized (or one rank):
+    decisions are not checked."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ns = vaccinate(SOURCE, lazy=True)
+    ns["COLLECTIVE"] = lambda value: None
+    assert not _distributed.active()
+
+    @daifu.on(KeyError, where="train")
+    def drop(crash):
+        return daifu.CONTINUE
+
+    with capture_logs() as logs:
+        ns["train"]()
+    assert not _rejected(logs)
+    assert ns["LOG"] == [(0, 1), (1, 1), (3, 1)]
