@@ -77,7 +77,7 @@ def test_each_rank_fixed_by_a_rule_with_per_rank_logs_carrying_the_rank(tmp_path
     assert ref.returncode == 0, ref.stderr[-3000:]
     # --log-file (torchrun takes --log for its own --log-dir) with one file per rank
     live = torchrun(["-m", "daifu", "--log-file", "events-{rank}.jsonl", "--log-level", "debug",
-                     "--fixes", "fix.py",
+                     "--journal", "journal-{rank}.jsonl", "--fixes", "fix.py",
                      "train.py", "live.pt"], tmp_path)
     assert live.returncode == 0, live.stderr[-3000:]
     assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
@@ -90,6 +90,11 @@ def test_each_rank_fixed_by_a_rule_with_per_rank_logs_carrying_the_rank(tmp_path
     assert [c["function"] for c in crashes] == ["step_loss"]
     assert not [e for e in read_events(tmp_path / "events-0.jsonl")
                 if e["event"] == "crash.intercepted"]
+    # the journal of the crashed rank: its records say which rank it is
+    records = read_events(tmp_path / "journal-1.jsonl")
+    assert records and {(r["type"], r["rank"], r["world_size"]) for r in records} >= {
+        ("crash", 1, 2), ("outcome", 1, 2)}
+    assert not (tmp_path / "journal-0.jsonl").exists()  # nothing crashed on rank 0
 
 
 def test_daifu_around_the_launcher_is_refused_with_how_to_launch(tmp_path):

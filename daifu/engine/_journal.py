@@ -26,13 +26,15 @@ from .._errors import DaifuWarning
 from .._private import check_private, open_private
 from ._crash import exception_text
 from ._decision import Decision
-from ._events import Event, emit
+from ._events import Event, distributed, emit
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 
 if TYPE_CHECKING:
     from ._crash import Crash
     from ._engine import Engine
 
+
+_DISTRIBUTED = distributed()
 
 #: journals kept in the default directory (the oldest are removed when a new
 #: one is opened), and the most space they may take together
@@ -119,6 +121,8 @@ class Journal:
         import json  # (the journal's modules are imported at the first crash, not at start-up)
 
         record.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if _DISTRIBUTED:  # a rank of a distributed job: which one
+            record.update(_DISTRIBUTED)
         line = (json.dumps(record, default=repr) + "\n").encode()
         with self._lock:
             if self._fd is None:

@@ -191,13 +191,15 @@ class Config:
         from ..engine import ENGINE
         from ..engine._journal import Journal, JournalError, Replay, default_path
         from ..engine._waiter import Waiter
+        from ._logging import expand_path
 
-        if self.journal:
-            check_file(self.journal, "the journal (--journal)", ConfigError)
-        ENGINE.journal = Journal(self.journal or default_path(script))
+        journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank
+        if journal:
+            check_file(journal, "the journal (--journal)", ConfigError)
+        ENGINE.journal = Journal(journal or default_path(script))
         if self.replay:
             try:
-                ENGINE.replay = Replay(self.replay)
+                ENGINE.replay = Replay(expand_path(self.replay))
             except JournalError as exc:
                 raise ConfigError(str(exc)) from None
         if console is None:

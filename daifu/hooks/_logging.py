@@ -38,6 +38,6 @@ def expand_path(path: str) -> str:
     try:
         return path.format_map(where)
     except (KeyError, ValueError, IndexError) as exc:
-        raise ConfigError(f"bad placeholder in the log file name {path!r} ({exc}); use "
+        raise ConfigError(f"bad placeholder in the file name {path!r} ({exc}); use "
                           "{rank}, {local_rank}, {world_size} or {pid}") from None
 
