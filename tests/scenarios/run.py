@@ -305,6 +305,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     crash_t = _stamp(first)
     live_iters = _iterations(live_log)
     after = [(tag, t) for tag, t in live_iters if t >= crash_t]
+    if ranks:  # the crashing iteration is the crashed rank's (tags end "rank N")
+        after = [(tag, t) for tag, t in after if tag.endswith(f" rank {first.get('rank')}")]
     ref_tags = dict(ref_iters)
     for tag, t in after:
         if tag in ref_tags:

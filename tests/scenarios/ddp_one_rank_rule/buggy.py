@@ -49,8 +49,7 @@ def train(model, opt, rank):
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
-        if rank == 0:
-            iteration_done(f"train {step}")
+        iteration_done(f"train {step} rank {rank}")
 
 
 def main():
