@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -196,8 +197,6 @@ def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
         os.write(fd, b"ranks\n")
         read_until(b" (pid ", 30)
         read_until(b"(daifu) ", 30)
-        import re
-
         other = re.search(rb"\n  rank (\d) \(pid \d+\): ", seen).group(1)
         mark = len(seen)
         os.write(fd, b"rank " + other + b"\n")  # switch to the other rank's crash
@@ -221,4 +220,33 @@ def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")[-3000:]
     text = seen.decode(errors="replace")
     assert text.count("type help for commands") == 1  # one console, not one per rank
+    assert re.search(r"  on rank [01] of 2 \(local rank [01], pid \d+\), job ", text)
     assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
+
+
+def test_a_rule_decision_for_all_ranks_runs_when_every_rank_takes_it(tmp_path):
+    """Both ranks crash at the same step; the rule's all-ranks CONTINUE drops
+    the step on both (agreed in the store), so the result equals a program
+    that skips that step on every rank."""
+    (tmp_path / "train.py").write_text(TRAIN.format(bad="{(0, 3), (1, 3)}"))
+    skipping = TRAIN.format(bad="()").replace(
+        "        loss = step_loss(model, x, y, rank, step)\n",
+        "        if step == 3:\n            continue\n"
+        "        loss = step_loss(model, x, y, rank, step)\n")
+    assert skipping != TRAIN.format(bad="()")
+    (tmp_path / "ref.py").write_text(skipping)
+    (tmp_path / "fix.py").write_text(
+        "import daifu\n\n"
+        "@daifu.on(KeyError, where='main')\n"
+        "def drop_the_step_everywhere(crash):\n"
+        "    return daifu.all_ranks(daifu.CONTINUE)\n")
+    assert torchrun(["ref.py", "ref.pt"], tmp_path).returncode == 0
+    live = torchrun(["-m", "daifu", "--log-file", "events-{rank}.jsonl", "--fixes", "fix.py",
+                     "train.py", "live.pt"], tmp_path)
+    assert live.returncode == 0, live.stderr[-3000:]
+    assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
+    for rank in (0, 1):
+        events = read_events(tmp_path / f"events-{rank}.jsonl")
+        applied = [e for e in events if e["event"] == "patch.applied"]
+        assert [a["summary"] for a in applied] == ["continue (all ranks)"], applied
+        assert not [e for e in events if e["event"] == "patch.rejected"]

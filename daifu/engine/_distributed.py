@@ -281,15 +281,22 @@ def agree(decision: Decision, crash: Crash) -> None:
         n = _rounds
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = f"{crash.where}|{crash.statement}|{decision.value}"
+    key = f"daifu/agree/{n}/{rank}"
+    store = None
     try:
         store = dist.distributed_c10d._get_default_store()
-        store.set(f"daifu/agree/{n}/{rank}", mine)
+        store.set(key, mine)
         keys = [f"daifu/agree/{n}/{r}" for r in range(world)]
         store.wait(keys, datetime.timedelta(seconds=AGREE_TIMEOUT_S))
         theirs = {r: store.get(k).decode() for r, k in enumerate(keys)}
     except Exception as exc:
         with _rounds_lock:
             _rounds -= 1  # this round never happened; the next try reuses its number
+        try:  # and a later round must not find this rank's answer to this one
+            if store is not None:
+                store.delete_key(key)
+        except Exception:
+            pass
         raise PatchError(f"{decision.value} for all ranks: not every rank of the job took it "
                          f"within {AGREE_TIMEOUT_S:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
                          f"not crash here waits in a collective; fix the crashed rank alone "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import linecache
+import os
 import reprlib
 import sys
 import traceback
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._crash import exception_text, is_plumbing
+from ._events import distributed
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -47,7 +49,13 @@ class Report:
     options: list[str] = field(default_factory=list)
 
     def render(self, width: int = 100) -> str:
-        out = [f"daifu: crash intercepted -- {self.title}", f"  at {self.where}", ""]
+        out = [f"daifu: crash intercepted -- {self.title}", f"  at {self.where}"]
+        rank = distributed()
+        if rank:  # which rank of a distributed job (several may share a terminal)
+            out.append(f"  on rank {rank.get('rank', '?')} of {rank.get('world_size', '?')} "
+                       f"(local rank {rank.get('local_rank', '?')}, pid {os.getpid()}), job "
+                       f"{rank.get('job', '?')}")
+        out.append("")
         for lineno, text, failing in self.source:
             marker = "-->" if failing else "   "
             out.append(f"  {marker} {lineno:5d}  {text}"[:width])
