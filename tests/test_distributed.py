@@ -179,10 +179,11 @@ def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
                                   "--nproc-per-node", "2", "-m", "daifu", "train.py", "live.pt"])
     seen = b""
 
-    def read_until(marker: bytes, timeout: float = 120) -> None:
+    def read_until(marker: bytes, timeout: float = 120, since: int = 0) -> None:
+        """Read the terminal until ``marker`` appears after offset ``since``."""
         nonlocal seen
         deadline = time.monotonic() + timeout
-        while marker not in seen:
+        while marker not in seen[since:]:
             assert time.monotonic() < deadline, seen.decode(errors="replace")[-3000:]
             ready, _, _ = select.select([fd], [], [], 0.5)
             if ready:
@@ -191,23 +192,24 @@ def test_one_console_for_the_job_on_a_shared_terminal(tmp_path):
                 except OSError:
                     break
 
+    def command(line: bytes, until: bytes, timeout: float = 30) -> int:
+        """Type ``line``; wait for ``until`` in what follows; return where it began."""
+        mark = len(seen)
+        os.write(fd, line + b"\n")
+        read_until(until, timeout, mark)
+        return mark
+
     try:
         read_until(b"(daifu) ")
         read_until(b"crashed too")  # the other rank waits and says where the console is
-        os.write(fd, b"ranks\n")
-        read_until(b" (pid ", 30)
-        read_until(b"(daifu) ", 30)
-        other = re.search(rb"\n  rank (\d) \(pid \d+\): ", seen).group(1)
-        mark = len(seen)
-        os.write(fd, b"rank " + other + b"\n")  # switch to the other rank's crash
-        read_until(b"(daifu rank " + other + b") ", 30)
-        os.write(fd, b"p rank\n")
-        read_until(b"\n" + other + b"\r\n", 30)
-        os.write(fd, b"back\n")
-        read_until(b"back at rank", 30)
+        mark = command(b"ranks", b"\n  rank ")
+        read_until(b"(daifu) ", 30, mark)
+        other = re.search(rb"\n  rank (\d) \(pid \d+\): ", seen[mark:]).group(1)
+        mark = command(b"rank " + other, b"(daifu rank " + other + b") ")  # switch ranks
+        command(b"p rank", b"\n" + other + b"\r\n")
+        command(b"back", b"back at rank")
         assert b"Traceback" not in seen[mark:]
-        os.write(fd, b"all exec SCALES[rank][step] = 1.0\n")
-        read_until(b"(daifu) ", 30)
+        command(b"all exec SCALES[rank][step] = 1.0", b"(daifu) ")
         os.write(fd, b"all retry\n")
         _, status = os.waitpid(pid, 0)
     finally:
