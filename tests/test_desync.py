@@ -93,32 +93,22 @@ def test_continue_past_a_collective_and_retry_of_a_call_that_ran_one_are_refused
     assert ns["LOG"] == [(0, 1), (1, 1)]
 
 
-def test_retry_where_the_lookup_failed_after_the_collective_is_allowed(rank_one):
+@pytest.mark.parametrize("program, where", [
+    # the lookup fails in the helper, after the helper's collective: retried there
+    ("train", "reduced"),
+    # the loop's statement ran no collective (in this or an earlier iteration)
+    ("train_lookup_after", "train_lookup_after"),
+])
+def test_retry_of_a_statement_that_ran_no_collective_is_allowed(rank_one, program, where):
     ns = rank_one
 
-    @daifu.on(KeyError, where="reduced")
+    @daifu.on(KeyError, where=where)
     def fix(crash):
         crash.globals["TABLE"][2] = 1
         return daifu.RETRY
 
     with capture_logs() as logs:
-        ns["train"]()
-    assert not _rejected(logs)
-    assert ns["LOG"] == [(s, 1) for s in range(4)]
-
-
-def test_retry_in_the_loop_of_a_statement_before_its_collective_is_allowed(rank_one):
-    """The statement's earlier executions ran no collective and this one
-    failed before the next: a retry stays in step."""
-    ns = rank_one
-
-    @daifu.on(KeyError, where="train_lookup_after")
-    def fix(crash):
-        crash.globals["TABLE"][2] = 1
-        return daifu.RETRY
-
-    with capture_logs() as logs:
-        ns["train_lookup_after"]()
+        ns[program]()
     assert not _rejected(logs)
     assert ns["LOG"] == [(s, 1) for s in range(4)]
 

@@ -71,6 +71,10 @@ def test_wait_inf_waits_until_told(tmp_path):
         assert proc.poll() is None  # still waiting
         sent = run_daifu(["send", proc.pid, "exec", "d = 5"], cwd=tmp_path)
         assert sent.returncode == 1, sent.stderr  # applied; still waiting
+        # --job needs a rank of a distributed job: refused, nothing sent
+        sent = run_daifu(["send", "--job", proc.pid, "retry"], cwd=tmp_path)
+        assert sent.returncode == 3 and "not a rank of a distributed job" in sent.stderr
+        assert proc.poll() is None
         sent = run_daifu(["send", proc.pid, "retry"], cwd=tmp_path)
         assert sent.returncode == 0, sent.stderr
         proc.communicate(timeout=60)

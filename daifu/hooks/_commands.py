@@ -17,9 +17,10 @@ from collections.abc import Callable
 USAGE = {
     "ps": "python -m daifu ps\n  list this user's jobs that wait on a crash",
     "attach": "python -m daifu attach PID\n  the console of a job waiting on a crash",
-    "send": ("python -m daifu send PID COMMAND ...\n  one console command (retry, skip, next, "
-             "abort, reload, exec CODE, p EXPR, vars, where);\n  exit 0: the job resumed, 1: "
-             "it still waits, 2: the command failed, 3: no such job"),
+    "send": ("python -m daifu send [--job] PID COMMAND ...\n  one console command (retry, "
+             "skip, next, abort, reload, exec CODE, p EXPR, vars, where);\n  --job: to every "
+             "waiting rank of PID's distributed job at once, a decision for all ranks;\n  exit "
+             "0: the job resumed, 1: it still waits, 2: the command failed, 3: no such job"),
     "journal": ("python -m daifu journal [show JOURNAL|N]\n  list the journals (newest first, "
                 "numbered), or show one: its crashes, patches and outcomes"),
     "doctor": "python -m daifu doctor\n  check Python, the private directories and the cache",

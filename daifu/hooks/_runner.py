@@ -38,6 +38,7 @@ python -m daifu [options] script.py [args ...]
        python -m daifu ps                     (jobs waiting on a crash)
        python -m daifu attach PID             (console of a waiting job)
        python -m daifu send PID COMMAND ...   (one command; exit 0 if the job resumed)
+       python -m daifu send --job PID COMMAND ...  (to every waiting rank of PID's job)
        python -m daifu journal [show N]       (journals of crashes and fixes)
        python -m daifu doctor | help [COMMAND]"""
 
