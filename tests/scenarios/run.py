@@ -204,6 +204,14 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     started = time.time()
     ref = subprocess.run([*launch, reference, "--out", "reference.pt", *args], cwd=rdir,
                          capture_output=True, text=True, timeout=timeout, env=_env(ref_log))
+    if ranks and ref.returncode != 0 and "(SIGABRT)" in ref.stderr:
+        # the reference runs without daifu: a gloo abort while the ranks
+        # connect on loopback (seen once in CI, not reproducible) is not what
+        # this case tests -- run it again once, from scratch
+        ref_log.unlink(missing_ok=True)
+        started = time.time()
+        ref = subprocess.run([*launch, reference, "--out", "reference.pt", *args], cwd=rdir,
+                             capture_output=True, text=True, timeout=timeout, env=_env(ref_log))
     if ref.returncode != 0:
         res.problems.append(f"reference run failed: {ref.stderr[-1500:]}")
         return res
