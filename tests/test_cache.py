@@ -247,7 +247,7 @@ def test_a_job_loaded_from_the_cache_reloads_its_running_loop_exactly(tmp_path):
     """End to end: the second run of the same job loads its code from the cache
     and the edit + reload of the running training loop still gives the
     corrected program's exact parameters."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="PyTorch not available")
     work = tmp_path / "job"
     shutil.copytree(CASE, work)
     shutil.copy(CASE.parent / "_common.py", tmp_path / "_common.py")

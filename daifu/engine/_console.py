@@ -454,15 +454,14 @@ class Console(cmd.Cmd):
 
     def _job_ranks(self) -> list[dict] | None:
         """The other waiting ranks of this process's distributed job."""
-        from ._control import list_jobs
+        from ._control import waiting_ranks
 
         job = _events.distributed().get("job")
         if job is None:
             self.ok = False
             self.say("this process is not a rank of a distributed job")
             return None
-        ranks = [j for j in list_jobs() if j.get("job") == job and j["pid"] != os.getpid()]
-        return sorted(ranks, key=lambda j: j.get("rank", -1))
+        return waiting_ranks(job, but=os.getpid())
 
     def do_ranks(self, arg: str) -> bool:
         """ranks: the job's ranks that wait on a crash"""
@@ -540,7 +539,7 @@ class Console(cmd.Cmd):
         """all COMMAND: COMMAND on every waiting rank of the job, together"""
         import threading
 
-        from ..hooks._remote import send_to_ranks
+        from ._control import send_to_ranks
 
         if not arg.strip():
             self.ok = False

@@ -40,8 +40,9 @@ from ._decision import CONTINUE, RETRY, SKIP, Decision
 if TYPE_CHECKING:
     from ._crash import Crash
 
-#: how long a rank waits for its peers to take the same job decision (s)
-AGREE_TIMEOUT_S = float(os.environ.get("DAIFU_AGREE_TIMEOUT", "30"))
+#: how long a rank waits for its peers to take the same job decision (s),
+#: unless ``DAIFU_AGREE_TIMEOUT`` says otherwise
+AGREE_TIMEOUT_S = 30.0
 #: the peers' extra collective timeout while a console may wait (s)
 _DAY = 86400.0
 
@@ -61,7 +62,7 @@ def flight_recorder_off() -> bool:
 
 def active() -> bool:
     """An initialized process group of several ranks (torchrun, mp.spawn, ...)."""
-    return "torch.distributed" in sys.modules and _group() is not None
+    return _group() is not None
 
 
 def _group():
@@ -126,6 +127,13 @@ def extend_collective_timeouts() -> None:
     _new_process_group_helper._daifu_extended = True  # type: ignore[attr-defined]
     _new_process_group_helper.__wrapped__ = helper  # type: ignore[attr-defined]
     c10d._new_process_group_helper = _new_process_group_helper
+
+
+def _agree_timeout() -> float:
+    try:
+        return max(0.1, float(os.environ.get("DAIFU_AGREE_TIMEOUT", AGREE_TIMEOUT_S)))
+    except ValueError:  # a bad value must not cost the decision: the default
+        return AGREE_TIMEOUT_S
 
 
 def _warn(text: str) -> None:
@@ -281,13 +289,14 @@ def agree(decision: Decision, crash: Crash) -> None:
         n = _rounds
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = f"{crash.where}|{crash.statement}|{decision.value}"
+    timeout = _agree_timeout()
     key = f"daifu/agree/{n}/{rank}"
     store = None
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set(key, mine)
         keys = [f"daifu/agree/{n}/{r}" for r in range(world)]
-        store.wait(keys, datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+        store.wait(keys, datetime.timedelta(seconds=timeout))
         theirs = {r: store.get(k).decode() for r, k in enumerate(keys)}
     except Exception as exc:
         with _rounds_lock:
@@ -298,7 +307,7 @@ def agree(decision: Decision, crash: Crash) -> None:
         except Exception:
             pass
         raise PatchError(f"{decision.value} for all ranks: not every rank of the job took it "
-                         f"within {AGREE_TIMEOUT_S:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
+                         f"within {timeout:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
                          f"not crash here waits in a collective; fix the crashed rank alone "
                          f"({type(exc).__name__})") from None
     other = {r: v for r, v in theirs.items() if v != mine}

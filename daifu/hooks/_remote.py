@@ -7,7 +7,14 @@ import json
 import sys
 import time
 
-from ..engine._control import EndpointError, Session, list_jobs, request
+from ..engine._control import (
+    EndpointError,
+    Session,
+    list_jobs,
+    request,
+    send_to_ranks,
+    waiting_ranks,
+)
 from ..engine._rundir import running_jobs
 
 #: exit statuses of ``send``
@@ -110,31 +117,7 @@ def job_ranks(pid: int) -> tuple[dict, list[dict]]:
     if "job" not in mine or "rank" not in mine:
         raise EndpointError(f"job {pid} is not a rank of a distributed job (no RANK, "
                             "WORLD_SIZE and TORCHELASTIC_RUN_ID): send it without --job")
-    ranks = [j for j in list_jobs() if j.get("job") == mine["job"]]
-    ranks.sort(key=lambda j: j.get("rank", -1))
-    return mine, ranks
-
-
-def send_to_ranks(ranks: list[dict], text: str) -> dict[int, dict]:
-    """The same command to every rank at once, as a decision for all of them
-    (each rank holds its answer until every rank has agreed)."""
-    import threading
-
-    replies: dict[int, dict] = {}
-
-    def one(job: dict) -> None:
-        try:
-            replies[job["pid"]] = request(job["pid"], {"op": "send", "cmd": text,
-                                                       "scope": "job"})
-        except (EndpointError, OSError) as exc:
-            replies[job["pid"]] = {"ok": False, "error": str(exc)}
-
-    threads = [threading.Thread(target=one, args=(job,), daemon=True) for job in ranks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return replies
+    return mine, waiting_ranks(mine["job"])
 
 
 def _send_job(pid: int, text: str) -> int:

@@ -146,8 +146,7 @@ def _run_rank_session(proc: subprocess.Popen, lines: list[str], timeout: float,
     """A session with a distributed job: once ``waiting`` ranks wait on a
     crash (and ``delay`` seconds more), each line goes to the first waiting
     rank, or -- ``job: COMMAND`` -- to every waiting rank (``send --job``)."""
-    from daifu.engine._control import list_jobs, request
-    from daifu.hooks._remote import send_to_ranks
+    from daifu.engine._control import list_jobs, request, send_to_ranks
 
     deadline = time.monotonic() + timeout
     while True:
