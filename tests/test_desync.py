@@ -161,3 +161,20 @@ def test_without_a_process_group_a_launchers_environment_changes_nothing(monkeyp
         ns["train"]()
     assert not _rejected(logs)
     assert ns["LOG"] == [(0, 1), (1, 1), (3, 1)]
+
+
+@pytest.mark.parametrize("env, job", [
+    # torchrun without --standalone/--rdzv-id: every job's run id is "none"
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"},
+     "node1:29500"),
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node1", "MASTER_PORT": "29501"},
+     "node1:29501"),
+    ({"TORCHELASTIC_RUN_ID": "exp7", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"},
+     "exp7@node1:29500"),
+    ({"TORCHELASTIC_RUN_ID": "exp7"}, "exp7"),
+    ({}, None),
+])
+def test_a_jobs_identity_is_its_store_address_with_its_run_id(env, job):
+    from daifu.engine._events import job_identity
+
+    assert job_identity(env) == job

@@ -324,6 +324,41 @@ def test_attempt_cap_gives_up_with_original_exception(m):
     assert ENGINE.stats["gave_up"] == 1
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_attempt_cap_holds_when_the_failing_statement_is_a_return(lazy):
+    # the function's only cell is its last: its retry copy lies right after
+    # it, and the two must stay apart in the exception table, or a failed
+    # retry looks like a first attempt and a RETRY rule loops for ever
+    ns = vaccinate("""
+        def scale(x):
+            return 1 / x
+
+        def train(xs):
+            out = []
+            for x in xs:
+                out.append(scale(x))
+            return out
+        """, entries=("*",), lazy=lazy)
+    attempts = []
+
+    @daifu.on(ZeroDivisionError)
+    def always(crash):
+        attempts.append((crash.function, crash.attempt))
+        if len(attempts) > 20:
+            return daifu.ABORT  # the cap did not hold: stop the loop, fail below
+        return daifu.RETRY
+
+    ENGINE.max_attempts = 3
+    try:
+        with pytest.raises(ZeroDivisionError):
+            ns["train"]([1, 0])
+    finally:
+        ENGINE.max_attempts = 5
+    taken_in = attempts[0][0]
+    assert [a for f, a in attempts if f == taken_in] == [1, 2, 3]
+    assert len(attempts) < 20
+
+
 def test_attempts_reset_after_a_successful_retry(m):
     attempts = []
 

@@ -600,3 +600,111 @@ def test_a_rules_system_exit_exits_with_its_status(tmp_path):
     assert proc.stdout.splitlines() == ["finally of step 0", "rule: exiting with 9",
                                         "finally of step 1"]
     assert "Traceback" not in proc.stderr
+
+
+# -- handled by a library ------------------------------------------------------------------
+
+LIBRARY_HANDLES = {
+    # argparse calls a type= function and turns its ValueError into a usage error
+    "argparse_type": '''
+        import argparse
+
+        def positive(text):
+            value = int(text)
+            if value <= 0:
+                raise ValueError("not positive")
+            return value
+
+        parser = argparse.ArgumentParser(prog="train")
+        parser.add_argument("--n", type=positive, default=1)
+        try:
+            parser.parse_args(["--n", "-3"])
+        except SystemExit as exit_:
+            print("refused", exit_.code)
+    ''',
+    # unittest: a with-block in the test, and the callable form (a with in unittest)
+    "unittest_assert_raises": '''
+        import unittest
+
+        def divide(x):
+            return 1 / x
+
+        class T(unittest.TestCase):
+            def test_with_block(self):
+                with self.assertRaises(ZeroDivisionError):
+                    divide(0)
+
+            def test_callable(self):
+                self.assertRaises(ZeroDivisionError, divide, 0)
+
+            def test_regex(self):
+                with self.assertRaisesRegex(ZeroDivisionError, "zero"):
+                    divide(0)
+
+        result = unittest.main(argv=["t"], exit=False).result
+        print("ran", result.testsRun, "failed", len(result.failures) + len(result.errors))
+    ''',
+    # a library's exception, through a vaccinated helper, caught by the program
+    "caught_above_the_helper": '''
+        import json
+
+        def parse(text):
+            return json.loads(text)
+
+        for text in ['{"a": 1}', '{bad']:
+            try:
+                print(parse(text))
+            except json.JSONDecodeError:
+                print("not json")
+    ''',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(LIBRARY_HANDLES))
+def test_an_exception_a_library_frame_handles_is_not_a_crash(case, tmp_path):
+    """Each frame's handlers count, a library's as well: with --wait a crash
+    would make the job wait (and log crash.intercepted)."""
+    import subprocess
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent(LIBRARY_HANDLES[case]))
+    plain = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+    got = run_daifu(["--wait", "30", "--log-file", "events.jsonl", "prog.py"], tmp_path,
+                    timeout=60)
+    assert (got.returncode, got.stdout) == (plain.returncode, plain.stdout)
+    assert not (tmp_path / "events.jsonl").exists() or \
+        "crash.intercepted" not in (tmp_path / "events.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_checkpoint_without_reentrant_recomputation_is_not_a_crash(tmp_path):
+    """torch.utils.checkpoint(use_reentrant=False) stops the recomputation of
+    the program's block by raising its own exception through it, and catches
+    it: every backward pass, never a crash."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "prog.py").write_text(textwrap.dedent('''
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        def block(x, w):
+            y = x @ w
+            return torch.relu(y)
+
+        torch.manual_seed(0)
+        w = torch.randn(4, 4, requires_grad=True)
+        for step in range(3):
+            out = checkpoint(block, torch.randn(2, 4), w, use_reentrant=False)
+            out.sum().backward()
+        print(w.grad.sum().item())
+    '''))
+    import subprocess
+
+    plain = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    got = run_daifu(["--wait", "30", "--log-file", "events.jsonl", "prog.py"], tmp_path,
+                    timeout=120)
+    assert (got.returncode, got.stdout) == (plain.returncode, plain.stdout)
+    assert not (tmp_path / "events.jsonl").exists() or \
+        "crash.intercepted" not in (tmp_path / "events.jsonl").read_text()

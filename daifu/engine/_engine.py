@@ -55,10 +55,13 @@ from ._events import (
     PatchApplied,
     PatchRejected,
     RuleFailed,
+    collecting,
     emit,
+    write,
 )
 from ._guards import cell_range, handled_above, would_catch
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
+from ._repeats import Ending, Group, Repeats
 from ._rules import RuleBook
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
@@ -166,6 +169,8 @@ class Engine:
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
         self.gave_up = ExceptionMemo()
+        #: the last handling of each crash site: identical repeats are counted
+        self.repeats = Repeats()
         #: a decision taken at a crash for one of its callers (the console's
         #: ``up`` then ``retry``): id(exception) -> (exception, caller frame,
         #: patch); the exception is handed up to that frame's barrier
@@ -245,6 +250,19 @@ class Engine:
         crash = Crash(self, exc, cell, frame, lasti, stack, attempt, started)
         self._count("crashes", 1)
         self._tls.crash = crash
+        group = self.repeats.begin((crash.where, type(exc).__qualname__, exception_text(exc)))
+        self._tls.group = group
+        try:
+            with collecting(group.events, lambda: group.hold):
+                return self._handle_crash(crash, key, forward, attempt)
+        finally:
+            self._tls.group = None
+            self._end_group(group, crash)
+            self._tls.crash = None
+            crash._release()
+
+    def _handle_crash(self, crash: Crash, key, forward, attempt: int) -> int | tuple:
+        exc = crash.exception
         try:
             emit(CrashIntercepted(
                 where=crash.where, function=crash.function, statement=crash.statement,
@@ -278,9 +296,6 @@ class Engine:
             self._internal("engine", crash)
             self._give_up(crash, "daifu failed while handling the crash (see daifu.internal_error)")
             return RAISE_CODE
-        finally:
-            self._tls.crash = None
-            crash._release()
 
     def _decide(self, crash: Crash) -> tuple[Decision | None, str]:
         decision = self._drain(crash)
@@ -327,6 +342,8 @@ class Engine:
             # a rule is waiting for it up the stack (first-call vaccination
             # takes a crash first in the helper that raised it): no human yet
             return None, "a rule for a vaccinated caller gets it first"
+        if self.waiters:  # a human is asked: what was held back is written first
+            self._to_human()
         waited = None
         for waiter in list(self.waiters):
             try:
@@ -530,13 +547,70 @@ class Engine:
         return decision
 
     def _record(self, what: str, crash: Crash | None, *args) -> None:
-        """Append to the journal, if there is one; never fails the recovery."""
+        """Append to the journal, if there is one; never fails the recovery.
+        Inside a crash's handling the record is part of its group: held back
+        with its events while it may be a repeat (``_repeats``)."""
         if self.journal is None:
             return
+        group = getattr(self._tls, "group", None)
+        if group is not None and crash is getattr(self._tls, "crash", None):
+            group.records.append((what, args))
+            if group.hold:
+                return
+        self._journal(what, crash, args)
+
+    def _journal(self, what: str, crash: Crash | None, args: tuple) -> None:
         try:
             getattr(self.journal, what)(crash, *args)
         except Exception:
             self._internal("journal", crash)
+
+    # -- repeated crashes (``_repeats``) ---------------------------------------------
+
+    def _to_human(self) -> None:
+        group = getattr(self._tls, "group", None)
+        if group is None:
+            return
+        group.human = True
+        if group.hold:
+            group.hold = False
+            self._write_group(group, self._tls.crash)
+
+    def _write_group(self, group: Group, crash: Crash) -> None:
+        for ev in group.events:
+            write(ev)
+        for what, args in group.records:
+            self._journal(what, crash, args)
+
+    def _end_group(self, group: Group, crash: Crash) -> None:
+        try:
+            number = None  # the crash's number in the journal, if it was written there
+            if self.journal is not None and not group.hold and group.records:
+                number = self.journal.crash_id(crash)
+            ending = self.repeats.end(group, crash.where, type(crash.exception).__qualname__,
+                                      number)
+            if ending.write_held:
+                self._write_group(group, crash)
+                if self.journal is not None and group.records:
+                    self.repeats.written(group.site, self.journal.crash_id(crash))
+            self._report_repeat(ending)
+        except Exception:
+            self._internal("repeats", crash)
+
+    def _report_repeat(self, ending: Ending) -> None:
+        if ending.report is not None:
+            emit(ending.report)
+        if ending.journal_repeat is not None and self.journal is not None:
+            try:
+                self.journal.repeat(*ending.journal_repeat)
+            except Exception:
+                self._internal("journal", None)
+
+    def report_repeats(self) -> None:
+        """Say how often each repeated crash came back since it was last said
+        (at exit: the runner's summary)."""
+        for ending in self.repeats.flush():
+            self._report_repeat(ending)
 
     # -- diagnostics -----------------------------------------------------------------
 
@@ -554,6 +628,7 @@ class Engine:
         replay (part of ``RUNTIME.reset()``)."""
         self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
         self.rules.clear()
+        self.repeats.clear()
         self._pending.clear()
         self._forward.clear()
         self.gave_up.clear()

@@ -316,11 +316,40 @@ def _build(sink: _Sink) -> Any:
     )
 
 
+_collecting = threading.local()  # the events of the crash this thread handles
+
+
+@contextlib.contextmanager
+def collecting(into: list[Event], hold: Callable[[], bool]) -> Iterator[None]:
+    """Also append the events this thread emits inside the block to ``into``;
+    while ``hold()`` is true they are only appended, not written (the engine
+    writes them later with ``write``, or counts them: ``_repeats``)."""
+    previous = getattr(_collecting, "current", None)
+    _collecting.current = (into, hold)
+    try:
+        yield
+    finally:
+        _collecting.current = previous
+
+
 def emit(ev: Event) -> None:
     """Log one event; never raises."""
     try:
         for listener in list(listeners):
             listener(ev)
+        current = getattr(_collecting, "current", None)
+        if current is not None:
+            current[0].append(ev)
+            if current[1]():
+                return
+        write(ev)
+    except Exception:  # logging must never break recovery
+        pass
+
+
+def write(ev: Event) -> None:
+    """Write one event to the log (listeners are not told again); never raises."""
+    try:
         if _held and isinstance(_sink.stream, _CurrentStderr):
             _held[-1].append(ev)
             return
@@ -332,7 +361,7 @@ def emit(ev: Event) -> None:
 def distributed() -> dict[str, Any]:
     """Where this process is in a distributed job (torchrun, or any launcher
     that sets ``RANK`` and ``WORLD_SIZE``): rank, local rank, world size and
-    the launcher's run id; {} outside one.  Every event carries it."""
+    the job's identity; {} outside one.  Every event carries it."""
     env = os.environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return {}
@@ -343,9 +372,28 @@ def distributed() -> dict[str, Any]:
             out[key] = int(env[name])
         except (KeyError, ValueError):
             continue
-    if env.get("TORCHELASTIC_RUN_ID"):
-        out["job"] = env["TORCHELASTIC_RUN_ID"]
+    job = job_identity(env)
+    if job:
+        out["job"] = job
     return out
+
+
+def job_identity(env: Any) -> str | None:
+    """One name for every rank of one job, and for no other job's.
+
+    torchrun's run id alone is not that: without ``--standalone`` or
+    ``--rdzv-id`` every job gets the run id ``none``, and two such jobs on one
+    machine would take each other's commands.  The address of the job's store
+    (``MASTER_ADDR:MASTER_PORT``, which torchrun gives every rank of the job
+    on every node) is: no two live jobs can listen on one port.  So the
+    identity is ``RUN_ID@ADDR:PORT`` (``ADDR:PORT`` when the run id is
+    ``none``), or the run id where no store address is set."""
+    run_id = env.get("TORCHELASTIC_RUN_ID") or ""
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if addr and port:
+        store = f"{addr}:{port}"
+        return store if run_id in ("", "none") else f"{run_id}@{store}"
+    return run_id or None
 
 
 _DISTRIBUTED = distributed()

@@ -211,6 +211,12 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
         if issubclass(value, (contextlib.ExitStack, contextlib.AsyncExitStack)):
             return None  # its callbacks are not known until it runs
         return _exit_may_suppress(inspect.getattr_static(value, "__exit__", None))
+    if _raises_factory(getattr(value, "__func__", value)):
+        # `with self.assertRaises(E):`, `with pytest.raises(E):` -- catches E
+        expected = eval_ref(guard.args[0], ns) if guard.args else _UNKNOWN
+        if expected is _UNKNOWN or not _is_exception_spec(expected):
+            return None
+        return _subclass_verdict(exc, expected)
     wrapped = getattr(value, "__wrapped__", None)
     if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & inspect.CO_GENERATOR:
         # @contextmanager factory: may swallow only if the generator catches
@@ -219,6 +225,16 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
             return None
         return False
     return False  # a factory function or builtin (open, ...): assumed not to suppress
+
+
+def _raises_factory(fn: Any) -> bool:
+    """unittest's ``assertRaises``/``assertRaisesRegex`` or ``pytest.raises``:
+    called with the exception class(es) first, they return a context manager
+    that catches exactly those."""
+    mod, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "")
+    if mod == "unittest.case":
+        return name in ("TestCase.assertRaises", "TestCase.assertRaisesRegex")
+    return mod.startswith("_pytest") and name == "raises"
 
 
 # -- the decision ---------------------------------------------------------------------
@@ -295,15 +311,17 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
             transparent = False
         elif c_boundary and vaccinated and transparent:
             return True  # C code in between may catch; if not, that barrier decides
-        else:
-            guards = guards_at(caller.f_code, caller.f_lasti)
-            if guards:
-                verdict = would_catch(guards, exc, caller, None)
-                if verdict:
-                    _seen.caught = (id(exc), id(caller), caller.f_code)
-                    return True
-                if verdict is None and vaccinated and transparent:
-                    return True
+        # every frame's handlers count, a library's too: argparse calling a
+        # ``type=`` function, unittest's assertRaises, torch.utils.checkpoint's
+        # own internal exception -- the program handles those
+        guards = guards_at(caller.f_code, caller.f_lasti)
+        if guards:
+            verdict = would_catch(guards, exc, caller, None)
+            if verdict:
+                _seen.caught = (id(exc), id(caller), caller.f_code)
+                return True
+            if verdict is None and vaccinated and transparent:
+                return True
     return False
 
 

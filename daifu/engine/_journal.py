@@ -178,6 +178,12 @@ class Journal:
             record["changes"] = [str(c) for c in patch.result.changes]
         self._write(record)
 
+    def repeat(self, number: int, count: int) -> None:
+        """Crash ``number`` came back ``count`` more times, each handled the
+        same way (not recorded again: ``_repeats``); replay re-applies its
+        patches that many more times."""
+        self._write({"type": "repeat", "crash": number, "count": count})
+
     def outcome(self, crash: Crash, action: str, reason: str = "") -> None:
         self._write({"type": "outcome", "crash": self.crash_id(crash), "action": action,
                      "reason": reason})
@@ -205,9 +211,13 @@ def _parse(path: str, n: int, line: str, last: bool) -> dict | None:
             return None
         raise JournalError(f"{path}:{n}: not a daifu journal record (not JSON)") from None
     kind = record.get("type") if isinstance(record, dict) else None
-    if kind not in ("crash", "patch", "outcome"):
+    if kind not in ("crash", "patch", "outcome", "repeat"):
         raise JournalError(f"{path}:{n}: not a daifu journal record (a JSON object with "
-                           "\"type\": crash, patch or outcome)")
+                           "\"type\": crash, patch, outcome or repeat)")
+    if kind == "repeat" and not (isinstance(record.get("crash"), int)
+                                 and isinstance(record.get("count"), int)):
+        raise JournalError(f"{path}:{n}: a repeat record needs \"crash\" and \"count\" "
+                           "(numbers)")
     if kind == "crash":
         key = record.get("key")
         if not isinstance(record.get("crash"), int) or not isinstance(key, dict) or not all(
@@ -231,6 +241,8 @@ class _Recorded:
     key: dict[str, str]
     patches: list[dict] = field(default_factory=list)
     used: bool = False
+    #: how many more times the same crash came back, handled the same way
+    repeats: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,13 +283,20 @@ class Replay:
                 owner = by_number.get(record.get("crash"))  # type: ignore[arg-type]
                 if owner is not None:
                     owner.patches.append(record)
+            elif record["type"] == "repeat":
+                owner = by_number.get(record["crash"])
+                if owner is not None:
+                    owner.repeats += max(record["count"], 0)
 
     def offer(self, crash: Crash, engine: Engine) -> bool:
         key = crash_key(crash)
         for rec in self.crashes:
             if rec.used or rec.key != key:
                 continue
-            rec.used = True
+            if rec.repeats:
+                rec.repeats -= 1
+            else:
+                rec.used = True
             for record in rec.patches:
                 patch = self._patch(record, crash)
                 if patch is not None:

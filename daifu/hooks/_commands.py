@@ -97,6 +97,9 @@ def _show(path: str) -> int:
         elif kind == "outcome":
             print(f"    outcome  {rec.get('action')}" +
                   (f" ({rec['reason']})" if rec.get("reason") else ""))
+        elif kind == "repeat":
+            print(f"  crash #{rec.get('crash')} again, handled the same way: "
+                  f"{rec.get('count')} more time(s)")
         else:
             print(f"  {n:4d}  {kind}")
     return 0

@@ -116,7 +116,8 @@ def job_ranks(pid: int) -> tuple[dict, list[dict]]:
         raise EndpointError(mine.get("error") or f"job {pid} did not answer")
     if "job" not in mine or "rank" not in mine:
         raise EndpointError(f"job {pid} is not a rank of a distributed job (no RANK, "
-                            "WORLD_SIZE and TORCHELASTIC_RUN_ID): send it without --job")
+                            "WORLD_SIZE, and MASTER_ADDR/MASTER_PORT or TORCHELASTIC_RUN_ID): "
+                            "send it without --job")
     return mine, waiting_ranks(mine["job"])
 
 

@@ -293,6 +293,7 @@ def _summary(fatal: BaseException | None = None) -> None:
     from ..engine import ENGINE
     from ..engine._events import emit
 
+    ENGINE.report_repeats()
     summary = ENGINE.summary(fatal)
     if summary is not None:
         emit(summary)

@@ -37,10 +37,12 @@ from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
 from ._assemble import _as_ops, _with_try_blocks, cell_ranges, lasti_offset
 from ._emit import (
+    _NOWHERE,
     Continuation,
     _emit_continuation_prologue,
     _emit_copy,
     _emit_stub,
+    _instr,
     _Item,
 )
 from ._frames import called_from_c, read_locals, running_function, write_locals
@@ -210,6 +212,11 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
         items.append(_Item(label=lb))
     generator = bool(p.code.co_flags & 0x20)
+    # an unreachable NOP outside every exception-table entry: without it the
+    # last cell's range and its retry copy (appended right after, same stub)
+    # would merge into one entry, and a failed retry would look like a first
+    # attempt (``cell_ranges``) -- a rule answering RETRY would never stop
+    items.append(_Item(_instr("NOP", loc=_NOWHERE), None))
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
     for run in p.runs:
