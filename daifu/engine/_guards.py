@@ -241,10 +241,13 @@ def _raises_factory(fn: Any) -> bool:
 
 
 def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.FrameType,
-                exits: list[Any] | None) -> bool | None:
+                exits: list[Any] | None, specific_only: bool = False) -> bool | None:
     """Evaluate the guards innermost-first.  ``exits`` are the live ``__exit__``
     callables of the enclosing ``with`` statements (None in callers' frames).
-    True: the frame catches it; False: it escapes; None: cannot tell."""
+    True: the frame catches it; False: it escapes; None: cannot tell.
+    ``specific_only`` (a library's frame): only handlers that name the
+    exception's class or a class below ``Exception`` count -- no bare
+    ``except``, no ``except Exception``, nothing daifu cannot evaluate."""
     exit_iter = iter(exits) if exits is not None else None
     ns = _Namespace(frame)
     uncertain = False
@@ -252,10 +255,15 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
         if isinstance(guard, ExceptGuard):
             for clause in guard.clauses:
                 if clause.bare or clause.test is None:
-                    matched: bool | None = True
+                    matched: bool | None = not specific_only
                 else:
                     spec = eval_ref(clause.test, ns)
-                    matched = _except_matches(exc, spec) if _is_exception_spec(spec) else True
+                    if not _is_exception_spec(spec):
+                        matched = not specific_only
+                    elif specific_only and any(c in _CATCH_ALL for c in _classes(spec)):
+                        matched = False
+                    else:
+                        matched = _except_matches(exc, spec)
                 if matched:
                     if clause.reraises:
                         break  # handled, then re-raised: it escapes all the same
@@ -268,16 +276,20 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
                 verdict = _context_verdict(guard, exc, ns)
             if verdict:
                 return True
-            if verdict is None:
+            if verdict is None and not specific_only:
                 if exits is not None:
                     return True  # in the crashed frame: never take what may be handled
                 uncertain = True
         elif isinstance(guard, FinallyGuard):
             if guard.swallows:
                 return True
-        elif isinstance(guard, OpaqueGuard):
+        elif isinstance(guard, OpaqueGuard) and not specific_only:
             return True
     return None if uncertain else False
+
+
+#: what a library's reporting boundary catches (pytest, IPython, thread pools)
+_CATCH_ALL = (BaseException, Exception)
 
 
 _seen = threading.local()  # .caught: (id(exc), id(frame), code) of the last sure catch
@@ -311,12 +323,15 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
             transparent = False
         elif c_boundary and vaccinated and transparent:
             return True  # C code in between may catch; if not, that barrier decides
-        # every frame's handlers count, a library's too: argparse calling a
-        # ``type=`` function, unittest's assertRaises, torch.utils.checkpoint's
-        # own internal exception -- the program handles those
+        # a library frame's handlers count too when they name the exception
+        # (argparse's ``except (TypeError, ValueError)`` around a ``type=``
+        # function, unittest's assertRaises, torch.utils.checkpoint's own
+        # internal exception); its catch-alls do not: ``except Exception`` in
+        # pytest, IPython or a thread pool reports a crash, it does not fix it
+        library = caller.f_code.co_filename not in targets
         guards = guards_at(caller.f_code, caller.f_lasti)
         if guards:
-            verdict = would_catch(guards, exc, caller, None)
+            verdict = would_catch(guards, exc, caller, None, specific_only=library)
             if verdict:
                 _seen.caught = (id(exc), id(caller), caller.f_code)
                 return True

@@ -107,7 +107,9 @@ def _nulls_after(instr: Instr, depth: int, nulls: int, jump: bool) -> int:
         pre, effect = instr.pre_and_post_stack_effect(jump=jump)[0], _effect(instr, jump)
     else:
         pre, effect = instr.pre_and_post_stack_effect()[0], _effect(instr, False)
-    pops = -min(pre, 0)  # (bytecode reports a pure push as a positive "pre")
+    # (bytecode reports a pure push as a positive "pre", and MAP_ADD as
+    # popping one: what an instruction pops is at least what it removes)
+    pops = max(-min(pre, 0), -effect)
     kept, pushes = depth - pops, effect + pops
     return (nulls & ((1 << kept) - 1)) | ((_pushed_nulls(instr) & ((1 << pushes) - 1)) << kept)
 
