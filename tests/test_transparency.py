@@ -226,10 +226,10 @@ def test_give_ups_do_not_keep_exceptions_and_their_frames_alive():
         return None
 
     caught = 0
-    for _ in range(40):  # "the library": not a target file, daifu cannot see it catch
+    for _ in range(40):  # "the library": its catch-all reports, it does not fix
         try:
             ns["step"](make())
-        except AttributeError:
+        except Exception:
             caught += 1
     gc.collect()
     assert caught == 40
@@ -253,7 +253,7 @@ def test_a_new_exception_at_a_recycled_address_is_a_new_crash():
     for _ in range(50):
         try:
             ns["step"](make())
-        except AttributeError:
+        except Exception:  # a library's catch-all: the exception is still a crash
             pass
     assert len(asked) == 50
 
@@ -287,7 +287,7 @@ def test_more_than_32_give_ups_in_flight_are_all_remembered():
         if k > 0:
             try:
                 ns["outer"](k - 1, hook)
-            except KeyError:
+            except Exception:  # a catch-all: each is still a crash
                 pass
 
     depth = 40

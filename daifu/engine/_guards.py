@@ -212,7 +212,7 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
             return None  # its callbacks are not known until it runs
         return _exit_may_suppress(inspect.getattr_static(value, "__exit__", None))
     if _raises_factory(getattr(value, "__func__", value)):
-        # `with self.assertRaises(E):`, `with pytest.raises(E):` -- catches E
+        # `with self.assertRaises(E):` -- catches E
         expected = eval_ref(guard.args[0], ns) if guard.args else _UNKNOWN
         if expected is _UNKNOWN or not _is_exception_spec(expected):
             return None
@@ -228,13 +228,14 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
 
 
 def _raises_factory(fn: Any) -> bool:
-    """unittest's ``assertRaises``/``assertRaisesRegex`` or ``pytest.raises``:
-    called with the exception class(es) first, they return a context manager
-    that catches exactly those."""
+    """unittest's ``assertRaises``/``assertRaisesRegex``: called with the
+    exception class(es) first, they return a context manager that catches
+    exactly those.  (``pytest.raises`` in a caller is not counted yet: daifu's
+    own tests, and the soaks of other projects' suites, rely on rules seeing
+    the crashes their ``pytest.raises`` blocks expect; see limitations.)"""
     mod, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "")
-    if mod == "unittest.case":
-        return name in ("TestCase.assertRaises", "TestCase.assertRaisesRegex")
-    return mod.startswith("_pytest") and name == "raises"
+    return mod == "unittest.case" and name in ("TestCase.assertRaises",
+                                               "TestCase.assertRaisesRegex")
 
 
 # -- the decision ---------------------------------------------------------------------
