@@ -66,6 +66,24 @@ def test_bad_pattern_at_runner_startup_exits_2(tmp_path):
     assert "ran" not in proc.stdout
 
 
+@pytest.mark.parametrize("name, value", [
+    ("DAIFU_LAZY", "maybe"), ("DAIFU_CONSOLE", "2"), ("DAIFU_STRICT", "sure"),
+    ("DAIFU_PEER_TIMEOUT", "abc"), ("DAIFU_PEER_TIMEOUT", "-1"), ("DAIFU_PEER_TIMEOUT", "nan")])
+def test_a_bad_switch_or_timeout_is_one_clear_error_not_a_guess(name, value):
+    from daifu.hooks._config import Config
+
+    with pytest.raises(daifu.ConfigError, match=f"{name} must be .*got {value!r}"):
+        Config.from_env({name: value})
+
+
+@pytest.mark.parametrize("value, lazy", [("0", False), ("off", False), ("No", False),
+                                         ("1", True), ("yes", True), ("", True)])
+def test_switches_take_the_usual_spellings(value, lazy):
+    from daifu.hooks._config import Config
+
+    assert Config.from_env({"DAIFU_LAZY": value}).lazy is lazy
+
+
 def test_find_spec_rejects_by_name_before_any_lookup():
     calls = []
 

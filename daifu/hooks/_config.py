@@ -35,6 +35,21 @@ from ..cells import Selection
 from ._patterns import ModuleMatcher
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _switch(env: dict[str, str], name: str, default: bool) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset or empty:
+    ``default``); anything else is one clear ``ConfigError``, not a guess."""
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (also true/false, yes/no, on/off), "
+                      f"got {env[name]!r}")
 
 
 def parse_wait(text: str) -> float | None:
@@ -87,12 +102,20 @@ class Config:
             fixes=_split(env.get("DAIFU_FIXES"), os.pathsep),
             log=env.get("DAIFU_LOG") or None,
             log_level=(env.get("DAIFU_LOG_LEVEL") or "info").lower(),
-            strict=env.get("DAIFU_STRICT", "").lower() in _TRUE,
+            strict=_switch(env, "DAIFU_STRICT", False),
             dump=env.get("DAIFU_DUMP") or None,
             main=env.get("DAIFU_MAIN") or None,
         )
-        cfg.lazy = env.get("DAIFU_LAZY", "1").lower() not in ("0", "false", "no", "off")
-        cfg.console = env.get("DAIFU_CONSOLE", "1").lower() not in ("0", "false", "no", "off")
+        cfg.lazy = _switch(env, "DAIFU_LAZY", True)
+        cfg.console = _switch(env, "DAIFU_CONSOLE", True)
+        peer = env.get("DAIFU_PEER_TIMEOUT")
+        if peer is not None:
+            try:
+                if not float(peer) >= 0:  # (NaN too)
+                    raise ValueError
+            except ValueError:
+                raise ConfigError("DAIFU_PEER_TIMEOUT must be a number of seconds (0 or more), "
+                                  f"got {peer!r}") from None
         cfg.journal = env.get("DAIFU_JOURNAL") or None
         cfg.notify = env.get("DAIFU_NOTIFY") or None
         cfg.replay = env.get("DAIFU_REPLAY") or None
