@@ -307,3 +307,34 @@ def test_an_unsupported_python_is_refused_with_one_line_unless_unprotected(tmp_p
     ran = subprocess.run([sys.executable, "-c", fake, "--unprotected", "prog.py"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+
+
+def test_a_zipapp_runs_as_with_python(tmp_path):
+    import zipapp
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(
+        "import sys\nprint(sys.argv, sys.path[0].endswith('app.pyz'), __name__)\n")
+    zipapp.create_archive(tmp_path / "app", tmp_path / "app.pyz")
+    expected = python(["app.pyz", "x"], cwd=tmp_path)
+    got = daifu(["app.pyz", "x"], cwd=tmp_path)
+    assert (got.returncode, got.stdout) == (expected.returncode, expected.stdout)
+    assert expected.stdout == "['app.pyz', 'x'] True __main__\n"
+    assert "zip application; it runs unmodified" in got.stderr
+
+
+def test_a_script_with_a_nul_byte_is_named_in_the_error(tmp_path):
+    (tmp_path / "nul.py").write_bytes(b"x = 1\nprint('a')\x00\n")
+    expected = python(["nul.py"], cwd=tmp_path)
+    got = daifu(["nul.py"], cwd=tmp_path)
+    assert got.returncode == expected.returncode == 1
+    assert f'File "{tmp_path / "nul.py"}", line 2' in got.stderr
+    assert got.stderr.splitlines()[-1] == expected.stderr.splitlines()[-1]
+
+
+def test_a_directory_without_main_is_named_as_python_names_it(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    expected = python(["../.."], cwd=tmp_path / "d" / "sub")
+    got = daifu(["../.."], cwd=tmp_path / "d" / "sub")
+    assert got.returncode == expected.returncode == 1
+    assert got.stderr.split(": ", 1)[1] == expected.stderr.split(": ", 1)[1]

@@ -358,17 +358,34 @@ def _run_script(script: str, args: list[str], cfg: Config) -> None:
     path = os.path.abspath(script)
     if os.path.isdir(path):  # a directory with __main__.py, as Python runs it
         main_file = os.path.join(path, "__main__.py")
-        if not os.path.isfile(main_file):
+        if not os.path.isfile(main_file):  # named as python names it
             sys.stderr.write(f"{sys.executable}: can't find '__main__' module in "
-                             f"{os.path.relpath(path)!r}\n")
+                             f"{os.path.join(os.getcwd(), script)!r}\n")
             raise SystemExit(1)
         sys.argv[:] = [script, *args]
         sys.path[0] = path
         _run_file(main_file, cfg)
         return
+    if not path.endswith(".py") and _is_zip(path):  # a zipapp, as python runs it
+        warnings.warn(f"daifu: {script} is a zip application; it runs unmodified (daifu "
+                      "vaccinates source files: unzip it and run its __main__.py)",
+                      NotVaccinatedWarning, stacklevel=2)
+        sys.argv[:] = [script, *args]
+        del sys.path[0]  # run_path puts the archive there
+        runpy.run_path(script, run_name="__main__")
+        return
     sys.argv[:] = [script, *args]
     sys.path[0] = os.path.dirname(path)
     _run_file(path, cfg)
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile  # (only for a script not named .py: start-up stays lean)
+
+    try:
+        return os.path.isfile(path) and zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 def _run_file(path: str, cfg: Config) -> None:
@@ -379,6 +396,11 @@ def _run_file(path: str, cfg: Config) -> None:
         sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] "
                          f"{exc.strerror}\n")
         raise SystemExit(2) from None
+    if b"\0" in source:  # what python says, with the file and line (compile() names neither)
+        lineno = source.count(b"\n", 0, source.index(b"\0")) + 1
+        text = source.splitlines()[lineno - 1].split(b"\0")[0].decode("utf-8", "replace")
+        _syntax_error(SyntaxError("source code cannot contain null bytes",
+                                  (path, lineno, None, text)))
     loader = importlib.machinery.SourceFileLoader("__main__", path)
     main = _new_main(path, None, loader)
     try:
