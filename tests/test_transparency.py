@@ -665,13 +665,19 @@ LIBRARY_HANDLES = {
 def test_an_exception_a_library_frame_handles_is_not_a_crash(case, tmp_path):
     """Each frame's handlers count, a library's as well: with --wait a crash
     would make the job wait (and log crash.intercepted)."""
+    (tmp_path / "prog.py").write_text(textwrap.dedent(LIBRARY_HANDLES[case]))
+    _runs_as_plain_python_with_no_crash(tmp_path)
+
+
+def _runs_as_plain_python_with_no_crash(tmp_path, timeout=120):
+    """prog.py under daifu (with --wait: a crash would make it wait) prints and
+    exits as under python, and no crash was intercepted."""
     import subprocess
 
-    (tmp_path / "prog.py").write_text(textwrap.dedent(LIBRARY_HANDLES[case]))
     plain = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=timeout)
     got = run_daifu(["--wait", "30", "--log-file", "events.jsonl", "prog.py"], tmp_path,
-                    timeout=60)
+                    timeout=timeout)
     assert (got.returncode, got.stdout) == (plain.returncode, plain.stdout)
     assert not (tmp_path / "events.jsonl").exists() or \
         "crash.intercepted" not in (tmp_path / "events.jsonl").read_text()
@@ -699,12 +705,4 @@ def test_checkpoint_without_reentrant_recomputation_is_not_a_crash(tmp_path):
             out.sum().backward()
         print(w.grad.sum().item())
     '''))
-    import subprocess
-
-    plain = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120)
-    got = run_daifu(["--wait", "30", "--log-file", "events.jsonl", "prog.py"], tmp_path,
-                    timeout=120)
-    assert (got.returncode, got.stdout) == (plain.returncode, plain.stdout)
-    assert not (tmp_path / "events.jsonl").exists() or \
-        "crash.intercepted" not in (tmp_path / "events.jsonl").read_text()
+    _runs_as_plain_python_with_no_crash(tmp_path)
