@@ -1,31 +1,28 @@
 """Pick the bytecode rewrite for the running interpreter.
 
-One small module per CPython version (``_py311`` ...), each asserting its
-version.  An interpreter daifu does not know gets ``None`` and a reason: the
-caller warns and runs the original code.
+There is one rewrite (``_rewrite``) for every supported version; what differs
+between versions is data (``_versions.TABLE``).  An interpreter without a
+tested entry gets ``None`` and a reason: the caller warns and runs the
+original code.
 """
 
 from __future__ import annotations
 
 import sys
 
+from . import _versions
 from ._backend import Backend
 
-SUPPORTED = ((3, 11), (3, 13))
+SUPPORTED = _versions.supported()
 
 
 def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str | None]:
     """Return ``(module, None)`` for a supported interpreter, else ``(None, reason)``."""
     ver = version or sys.version_info[:2]
-    running = sys.version_info[:2]
-    if ver == (3, 11) and running == (3, 11):
-        from . import _py311
+    if ver == sys.version_info[:2] and _versions.running() is not None:
+        from . import _rewrite
 
-        return _py311, None
-    if ver == (3, 13) and running == (3, 13):
-        from . import _py313
-
-        return _py313, None
+        return _rewrite, None
     known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED)
     return None, (
         f"daifu does not know the bytecode of Python {ver[0]}.{ver[1]} (supported: {known}); "

@@ -11,7 +11,16 @@ from bytecode import Compare, Instr, Label
 from bytecode.instr import CellVar, InstrLocation
 
 from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE
-from ._ops import _BACKWARD, _FORWARD_ONLY, _TERMINAL, EntryKey
+from ._ops import (
+    _BACKWARD,
+    _FORWARD_ONLY,
+    _TERMINAL,
+    POP_JUMP_IF_FALSE,
+    POP_JUMP_IF_NONE,
+    POP_JUMP_IF_TRUE,
+    PY,
+    EntryKey,
+)
 from ._runs import _Run
 
 
@@ -29,8 +38,19 @@ def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
 
 
 def _call(args_count: int, loc) -> list[Instr]:
-    """PRECALL/CALL for a callable already placed under its arguments."""
-    return [_instr("PRECALL", args_count, loc), _instr("CALL", args_count, loc)]
+    """(PRECALL and) CALL for a callable and NULL already placed under its
+    arguments (see ``_callable``)."""
+    if PY.precall:
+        return [_instr("PRECALL", args_count, loc), _instr("CALL", args_count, loc)]
+    return [_instr("CALL", args_count, loc)]
+
+
+def _callable(load: Instr, loc) -> list[Instr]:
+    """The callable ``load`` pushes, with the NULL a call needs beside it
+    (3.11: NULL, callable; 3.13: callable, NULL)."""
+    if PY.null_below_callable:
+        return [_instr("PUSH_NULL", loc=loc), load]
+    return [load, _instr("PUSH_NULL", loc=loc)]
 
 
 @dataclass
@@ -84,6 +104,10 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
     key = (run.stub, True, run.base)
     inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
     tramp: dict[int, Label] = {}  # forward-only jumps out of the copy
+    if PY.inline_generator_unwind and ops[run.start].instr.name in ("FOR_ITER", "SEND"):
+        # (see ``emit``: the instruction before an inlined generator resume
+        # must be the cell's too)
+        items.append(_Item(_instr("NOP", loc=_NOWHERE), key))
     items.append(_Item(label=run.copy))
     for i in range(run.start, run.stop):
         op = ops[i]
@@ -105,6 +129,12 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
                            _target_key(ops, run.stop)))
     for t, lab in tramp.items():
         items.append(_Item(label=lab))
+        if ops[t].instr.name == "END_FOR":
+            # an exhausted FOR_ITER skips the END_FOR and POP_TOP it jumps to
+            # (3.13): the same two here, then back after the original ones
+            items.append(_Item(_instr("END_FOR", loc=_NOWHERE), None))
+            items.append(_Item(_instr("POP_TOP", loc=_NOWHERE), None))
+            t += 2
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(t), _NOWHERE), _target_key(ops, t)))
 
 
@@ -130,25 +160,21 @@ def _suspend_tracing() -> list:
     called; nothing else of daifu)."""
     no_profile, no_trace = Label(), Label()
     return [
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.getprofile, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.getprofile, _NOWHERE), _NOWHERE),
         *_call(0, _NOWHERE),
         _instr("COPY", 1, _NOWHERE),
-        _instr("POP_JUMP_FORWARD_IF_NONE", no_profile, _NOWHERE),
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.setprofile, _NOWHERE), _NOWHERE),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.gettrace, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.gettrace, _NOWHERE), _NOWHERE),
         *_call(0, _NOWHERE),
         _instr("COPY", 1, _NOWHERE),
-        _instr("POP_JUMP_FORWARD_IF_NONE", no_trace, _NOWHERE),
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.settrace, _NOWHERE), _NOWHERE),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
@@ -165,9 +191,8 @@ def _restore_tracing() -> list:
     return [
         _instr("SWAP", 2, _NOWHERE),  # profile, result, trace
         _instr("COPY", 1, _NOWHERE),
-        _instr("POP_JUMP_FORWARD_IF_NONE", trace_off, _NOWHERE),
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.settrace, _NOWHERE),
+        _instr(POP_JUMP_IF_NONE, trace_off, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.settrace, _NOWHERE), _NOWHERE),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
@@ -175,9 +200,8 @@ def _restore_tracing() -> list:
         _instr("POP_TOP", loc=_NOWHERE),
         _instr("SWAP", 2, _NOWHERE),  # result, profile
         _instr("COPY", 1, _NOWHERE),
-        _instr("POP_JUMP_FORWARD_IF_NONE", profile_off, _NOWHERE),
-        _instr("PUSH_NULL", loc=_NOWHERE),
-        _instr("LOAD_CONST", sys.setprofile, _NOWHERE),
+        _instr(POP_JUMP_IF_NONE, profile_off, _NOWHERE),
+        *_callable(_instr("LOAD_CONST", sys.setprofile, _NOWHERE), _NOWHERE),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
@@ -204,8 +228,7 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
     head = [_instr("LOAD_CONST", run.cell, loc), *_suspend_tracing()]
     # stack: ..., lasti, exc, cell, profile, trace
     call = [
-        _instr("PUSH_NULL", loc=loc),
-        _instr("LOAD_CONST", barrier, loc),
+        *_callable(_instr("LOAD_CONST", barrier, loc), loc),
         _instr("COPY", 6, loc),  # exc
         _instr("COPY", 6, loc),  # cell
         _instr("COPY", 9, loc),  # lasti
@@ -221,7 +244,7 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
     def branch(code: int, target: Label) -> list:
         return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
                 _instr("COMPARE_OP", Compare.EQ, loc),
-                _instr("POP_JUMP_FORWARD_IF_TRUE", target, loc)]
+                _instr(POP_JUMP_IF_TRUE, target, loc)]
 
     if run.cell.can_retry:
         body += branch(RETRY_CODE, on_retry)
@@ -233,7 +256,7 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
     # a tuple: (exception,) raises it here; (function, args) continues in new code
     body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
              _instr("COMPARE_OP", Compare.EQ, loc),
-             _instr("POP_JUMP_FORWARD_IF_TRUE", on_other, loc)]
+             _instr(POP_JUMP_IF_TRUE, on_other, loc)]
     if generator:  # no continuation in new code for a generator's frame
         body.append(_instr("JUMP_FORWARD", on_raise, loc))
     items.append(_Item(label=run.stub))
@@ -248,8 +271,10 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
         items.extend(_items([
             _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
             _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
-            _instr("PUSH_NULL", loc=loc),
-            _instr("SWAP", 3, loc),  # NULL, fn, args
+            *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
+              if PY.null_below_callable else
+              [_instr("SWAP", 2, loc), _instr("PUSH_NULL", loc=loc),
+               _instr("SWAP", 2, loc)]),  # fn, NULL, args
             _instr("CALL_FUNCTION_EX", 0, loc),
             _instr("RETURN_VALUE", loc=loc),
         ], None))
@@ -315,12 +340,12 @@ def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label
                 load, delete = Instr("LOAD_FAST", name), Instr("DELETE_FAST", name)
             # (bytecode's InstrArg has no type for a constant's value)
             prologue += [load, Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
-                         Instr("IS_OP", 0), Instr("POP_JUMP_FORWARD_IF_FALSE", skip), delete, skip]
+                         Instr("IS_OP", 0), Instr(POP_JUMP_IF_FALSE, skip), delete, skip]
         for hidden, cell in spec.cell_params.items():
             skip = Label()
             prologue += [Instr("LOAD_FAST", hidden),
                          Instr("LOAD_CONST", spec.unbound),  # type: ignore[arg-type]
-                         Instr("IS_OP", 0), Instr("POP_JUMP_FORWARD_IF_TRUE", skip),
+                         Instr("IS_OP", 0), Instr(POP_JUMP_IF_TRUE, skip),
                          Instr("LOAD_FAST", hidden), Instr("STORE_DEREF", CellVar(cell)), skip]
         prologue += [Instr("LOAD_FAST", name) for name in stack_names]
         bc.argnames = spec.params

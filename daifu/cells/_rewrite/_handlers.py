@@ -18,6 +18,8 @@ from ._ops import (
     _CLAUSE_STOP,
     _INTRINSIC_STOPITERATION_ERROR,
     _PASS_THROUGH,
+    POP_JUMP_IF_FALSE,
+    PY,
     EntryKey,
     _int_arg,
     _location,
@@ -50,7 +52,10 @@ def _ref_from_instrs(instrs: list[Instr]) -> Ref | None:
             var_name = var.name if isinstance(var, (CellVar, FreeVar)) else cast(str, var)
             stack.append(Ref(var_name, "deref"))
         elif name == "LOAD_ATTR" and stack:
-            method, attr = cast("tuple[bool, str]", ins.arg)  # 3.12+: (method form, name)
+            if PY.load_attr_method_flag:  # 3.12+: (method form, name)
+                method, attr = cast("tuple[bool, str]", ins.arg)
+            else:
+                method, attr = False, cast(str, ins.arg)
             base = stack.pop()
             if method or base.items is not None or base.is_const:
                 return None
@@ -147,7 +152,7 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
             return ExceptGuard(tuple(clauses)), False
         if first.name == "RERAISE":  # no clause matched
             return ExceptGuard(tuple(clauses)), False
-        # a typed clause: <type expression> CHECK_EXC_MATCH POP_JUMP_IF_FALSE
+        # a typed clause: <type expression> CHECK_EXC_MATCH POP_JUMP_(FORWARD_)IF_FALSE
         k = j
         while k < len(ops) and ops[k].instr.name not in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH"):
             if ops[k].instr.name in _CLAUSE_STOP or ops[k].instr.has_jump():
@@ -162,7 +167,7 @@ def _classify_handler(ops, label_at, h, depth, msrc: ModuleSource | None, code, 
         if ops[k].instr.name == "CHECK_EG_MATCH":
             return OpaqueGuard("except* clause"), True
         jmp = ops[k + 1].instr
-        if jmp.name != "POP_JUMP_IF_FALSE":
+        if jmp.name != POP_JUMP_IF_FALSE:
             return OpaqueGuard("unrecognised except clause"), True
         type_instrs = [ops[x].instr for x in range(j, k)]
         test = _ref_from_instrs(type_instrs)

@@ -21,7 +21,7 @@ def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
 
     raw, consts = code.co_code, code.co_consts
     found: list[tuple[int, int, Cell]] = []
-    # private (not in typeshed's dis stub), the same in 3.11 and 3.13
+    # private (not in typeshed's dis stub), the same in 3.11 to 3.14
     entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
     for entry in entries:
         offset, ext = entry.target, 0

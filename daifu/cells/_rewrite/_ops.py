@@ -1,4 +1,5 @@
-"""CPython 3.13's opcodes as the rewrite sees them, and the decoded instruction."""
+"""The opcodes as the rewrite sees them (the running version's, from
+``_versions``), and the decoded instruction."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import cast
 
 from bytecode import Instr, Label
 
-assert sys.version_info[:2] == (3, 13), "daifu.cells._py313 is for CPython 3.13 only"
+from .._versions import TABLE
+
+#: the running interpreter's behaviours (``_dispatch`` imports this package
+#: only for a supported version)
+PY = TABLE[sys.version_info[:2]]
 
 _CO_OPTIMIZED = 0x1
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
@@ -49,11 +54,11 @@ _MACHINERY = frozenset(
         "WITH_EXCEPT_START",
         "RERAISE",
         "END_ASYNC_FOR",
-        "CLEANUP_THROW",
+        "PREP_RERAISE_STAR" if sys.version_info < (3, 12) else "CLEANUP_THROW",
         "RETURN_GENERATOR",
         "COPY_FREE_VARS",
         "MAKE_CELL",
-        "RESUME",
+        "RESUME_QUICK" if sys.version_info < (3, 12) else "RESUME",
     }
 )
 # No fall-through to the next instruction.
@@ -68,11 +73,21 @@ _TERMINAL = frozenset(
         "JUMP_BACKWARD_NO_INTERRUPT",
     }
 )
-# 3.12+ has only forward conditional jumps: a retry copy (after the original
-# code) leaves through a forward jump to a trampoline that jumps back
-_BACKWARD = {"JUMP_FORWARD": "JUMP_BACKWARD"}
-_FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
-                           "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE"})
+_CONDITIONS = ("TRUE", "FALSE", "NONE", "NOT_NONE")
+# 3.11 has backward conditional jumps; 3.12+ only forward ones: a retry copy
+# (after the original code) leaves through a forward jump to a trampoline
+# that jumps back
+if PY.backward_conditionals:
+    _BACKWARD = {"JUMP_FORWARD": "JUMP_BACKWARD",
+                 **{f"POP_JUMP_FORWARD_IF_{c}": f"POP_JUMP_BACKWARD_IF_{c}" for c in _CONDITIONS}}
+    _FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", "JUMP_IF_TRUE_OR_POP",
+                               "JUMP_IF_FALSE_OR_POP"})
+else:
+    _BACKWARD = {"JUMP_FORWARD": "JUMP_BACKWARD"}
+    _FORWARD_ONLY = frozenset({"FOR_ITER", "SEND", *(f"POP_JUMP_IF_{c}" for c in _CONDITIONS)})
+#: the names of the conditional forward jumps the rewrite emits
+POP_JUMP_IF_TRUE, POP_JUMP_IF_FALSE = PY.pop_jump + "TRUE", PY.pop_jump + "FALSE"
+POP_JUMP_IF_NONE = PY.pop_jump + "NONE"
 # Cleanup code that a handler runs on its way to re-raising.
 _PASS_THROUGH = frozenset(
     {
@@ -120,10 +135,27 @@ def _location(instr: Instr) -> tuple:
 
 def _pushed_nulls(instr: Instr) -> int:
     """Which of the values the instruction pushes may be NULL (bit 0: the
-    first pushed).  3.13: ``PUSH_NULL``; ``LOAD_GLOBAL``/``LOAD_ATTR``/
-    ``LOAD_SUPER_ATTR`` with their NULL/method flag push the value, then NULL
-    (or self); ``LOAD_FAST_AND_CLEAR`` (inlined comprehensions) an unbound
-    variable as NULL."""
+    first pushed).  ``PUSH_NULL``; 3.11: ``LOAD_GLOBAL`` with its NULL flag
+    pushes NULL then the global, ``LOAD_METHOD`` NULL-or-method then the
+    attribute-or-self; 3.13: ``LOAD_GLOBAL``/``LOAD_ATTR``/``LOAD_SUPER_ATTR``
+    with their NULL/method flag push the value, then NULL (or self);
+    ``LOAD_FAST_AND_CLEAR`` (inlined comprehensions) an unbound variable as
+    NULL."""
+    return _NULLS(instr)
+
+
+def _nulls_311(instr: Instr) -> int:
+    name = instr.name
+    if name == "PUSH_NULL":
+        return 1
+    if name == "LOAD_GLOBAL":
+        return 1 if cast("tuple[bool, str]", instr.arg)[0] else 0
+    if name == "LOAD_METHOD":
+        return 1
+    return 0
+
+
+def _nulls_313(instr: Instr) -> int:
     name = instr.name
     if name in ("PUSH_NULL", "LOAD_FAST_AND_CLEAR"):
         return 1
@@ -131,3 +163,7 @@ def _pushed_nulls(instr: Instr) -> int:
         arg = instr.arg
         return 2 if isinstance(arg, tuple) and arg[0] else 0
     return 0
+
+
+# (3.12 would need its own: NULL below the value, as 3.11, for the 3.12 opcodes)
+_NULLS = _nulls_311 if PY.null_below_callable else _nulls_313

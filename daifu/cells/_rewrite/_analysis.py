@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
 
-from ._ops import _TERMINAL, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
+from ._ops import _TERMINAL, PY, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
 
 
 def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
@@ -119,8 +119,14 @@ def _touch(instr: Instr, depth: int) -> int:
     fall-through and error paths (reads do not count)."""
     name = instr.name
     arg = _int_arg(instr)  # only read below for opcodes with an int argument
+    # bytecode's 3.11 stack model: PRECALL pops the arguments, CALL the
+    # callable and self/NULL -- but PRECALL may rewrite those two slots
     # (3.13: CALL pops the callable, self-or-NULL and the arguments: generic)
-    if name in ("COPY", "FOR_ITER", "NOP", "RESUME", "NOT_TAKEN"):
+    if name == "PRECALL":
+        return depth - (arg + 2)
+    if name == "CALL" and PY.precall:
+        return depth - 2
+    if name in ("COPY", "KW_NAMES", "FOR_ITER", "NOP", "RESUME", "NOT_TAKEN"):
         return depth
     if name == "SWAP":
         return depth - arg

@@ -11,7 +11,7 @@ from bytecode import Label
 from .._cell import Cell
 from .._source import ModuleSource
 from ._analysis import _effect, _touch
-from ._ops import _MACHINERY, _TERMINAL, EntryKey, _label_arg, _Op
+from ._ops import _MACHINERY, _TERMINAL, PY, EntryKey, _label_arg, _Op
 
 if TYPE_CHECKING:
     import ast
@@ -95,10 +95,17 @@ def _drop_implicit_returns(ops: list[_Op], stmts: list) -> None:
     that statement (which then ends where skip can continue: at that return)."""
     import ast
 
-    for i, op in enumerate(ops):  # 3.13: RETURN_CONST None
-        if (op.instr.name == "RETURN_CONST" and op.instr.arg is None and stmts[i] is not None
-                and not isinstance(stmts[i], ast.Return)):
-            stmts[i] = None
+    if PY.return_const:  # 3.12, 3.13: RETURN_CONST None
+        for i, op in enumerate(ops):
+            if (op.instr.name == "RETURN_CONST" and op.instr.arg is None
+                    and stmts[i] is not None and not isinstance(stmts[i], ast.Return)):
+                stmts[i] = None
+        return
+    for i in range(1, len(ops)):  # LOAD_CONST None, RETURN_VALUE
+        if (ops[i].instr.name == "RETURN_VALUE" and ops[i - 1].instr.name == "LOAD_CONST"
+                and ops[i - 1].instr.arg is None and stmts[i] is not None
+                and stmts[i] is stmts[i - 1] and not isinstance(stmts[i], ast.Return)):
+            stmts[i] = stmts[i - 1] = None
 
 
 def _role(run: _Run, ops: list[_Op]) -> str:
@@ -152,10 +159,16 @@ def _plan_skip(run: _Run, role: str, ops, label_at) -> tuple[str | None, str | N
     (reason it is not, what it does)."""
     exits = _exits(run, ops, label_at)
     if role == "loop-header":
-        for i, t, _depth in exits:
+        for i, t, depth in exits:
+            if ops[i].instr.name != "FOR_ITER":
+                continue
+            if not PY.end_for_skips:  # 3.11: past the loop, the iterator popped
+                if depth == run.base - 1:
+                    run.skip_target, run.skip_pops = t, 1
+                    return None, "end the loop as if the iterator were exhausted"
             # 3.13: an exhausted FOR_ITER pops the iterator and goes on after
             # the END_FOR and POP_TOP it targets (bytecode models them as run)
-            if (ops[i].instr.name == "FOR_ITER" and t + 2 < len(ops)
+            elif (t + 2 < len(ops)
                     and ops[t].instr.name == "END_FOR" and ops[t + 1].instr.name == "POP_TOP"
                     and ops[t + 2].depth == run.base - 1):
                 run.skip_target, run.skip_pops = t + 2, 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import types
 
-from ._ops import _CO_OPTIMIZED
+_CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
 _locals_to_fast = ctypes.pythonapi.PyFrame_LocalsToFast
 _locals_to_fast.argtypes = [ctypes.py_object, ctypes.c_int]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import types
 
-from ._ops import _CO_OPTIMIZED
+_CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
 _decref = ctypes.pythonapi.Py_DecRef
 _decref.argtypes = [ctypes.py_object]

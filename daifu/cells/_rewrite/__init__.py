@@ -1,4 +1,5 @@
-"""Bytecode rewrite for CPython 3.11 (the "in-frame barrier").
+"""The bytecode rewrite (the "in-frame barrier"), one for every CPython
+version: what differs between versions is asked of ``_versions.TABLE``.
 
 Nothing is added to the normal execution path.  For every *cell* (a run of one
 statement's instructions that can be re-executed from its start) the rewrite
@@ -14,6 +15,9 @@ statement's instructions that can be re-executed from its start) the rewrite
   instruction originally had, so the user's handlers, ``with`` exits and
   ``finally`` blocks run exactly as before, with the original traceback and
   ``f_lasti``;
+* (3.12+) conditional jumps only go forward: retry copies leave through small
+  trampolines; an exhausted ``FOR_ITER`` skips the ``END_FOR``/``POP_TOP`` it
+  targets, which the skip and the trampolines account for;
 * retry jumps to a *copy* of the cell, appended too: a retried statement that
   fails again has its ``lasti`` in the copy, which is how the engine counts
   attempts without any cost when nothing crashed;
@@ -22,15 +26,17 @@ statement's instructions that can be re-executed from its start) the rewrite
   frames), and daifu's instructions carry no line numbers: a debugger,
   coverage or a profiler sees no event of daifu's.
 
-Only CPython 3.11 is handled here; ``_dispatch`` refuses other versions.
+``_dispatch`` imports this package only on a supported version.
 """
 
 from __future__ import annotations
 
+import importlib
 import types
 from dataclasses import dataclass, field
+from typing import cast
 
-from bytecode import Bytecode, Label
+from bytecode import Bytecode, Instr, Label
 
 from .._cell import Cell, CodeInfo, WithGuard
 from .._source import ModuleSource
@@ -45,8 +51,8 @@ from ._emit import (
     _instr,
     _Item,
 )
-from ._frames import called_from_c, read_locals, running_function, write_locals
 from ._handlers import (
+    _walk_to_reraise,
     calls_unpacked,
     chain_for_code,
     effects,
@@ -54,7 +60,7 @@ from ._handlers import (
     has_except_handler,
     returns_truthy,
 )
-from ._ops import NothingToProtect, Unsupported, _location, _Op
+from ._ops import PY, NothingToProtect, Unsupported, _location, _Op
 from ._runs import (
     _build_runs,
     _drop_implicit_returns,
@@ -65,7 +71,12 @@ from ._runs import (
     _Run,
 )
 
-PYTHON = (3, 11)
+PYTHON = PY.python
+
+# frame access: one module per frame-layout family (``_versions``)
+_frames = importlib.import_module(f"daifu.cells.{PY.frames}")
+called_from_c, read_locals = _frames.called_from_c, _frames.read_locals
+running_function, write_locals = _frames.running_function, _frames.write_locals
 
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
            "calls_unpacked", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
@@ -86,6 +97,9 @@ class Plan:
     runs: list[_Run]
     label_of: dict[int, Label] = field(default_factory=dict)
     labels_at: dict[int, list[Label]] = field(default_factory=dict)
+    #: instruction index -> the run whose stub takes its exception instead of
+    #: its own handler (the re-raise of an inlined comprehension's cleanup)
+    redirects: dict[int, _Run] = field(default_factory=dict)
 
     def label_for(self, i: int) -> Label:
         """The label of instruction ``i`` (made if nothing jumped there before)."""
@@ -117,6 +131,8 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
         raise Unsupported("async functions and async generators are not vaccinated yet")
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    if continuation is not None and PY.unchecked_load_fast:
+        _checked_loads(bc)
     ops, label_at = _flatten(bc)
     if replace_consts:
         for op in ops:
@@ -135,6 +151,8 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
             raise NothingToProtect("no statements")
         raise Unsupported("no statement could be made recoverable")
     p = Plan(code, bc, ops, label_at, runs)
+    if PY.inlined_comprehensions:
+        p.redirects = _comprehension_redirects(ops, label_at, runs, stmts)
     for label, i in label_at.items():
         p.label_of.setdefault(i, label)
         p.labels_at.setdefault(i, []).append(label)
@@ -158,7 +176,72 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
             p.label_for(run.continue_target)
         for _, t, _ in _exits(run, ops, label_at):
             p.label_for(t)
+            if ops[t].instr.name == "END_FOR":  # where an exhausted FOR_ITER goes on
+                p.label_for(t + 2)
     return p
+
+
+_INLINED_CALLS = frozenset({"FOR_ITER", "SEND"})
+
+
+def _comprehension_redirects(ops: list[_Op], label_at: dict[Label, int], runs: list[_Run],
+                             stmts: list) -> dict[int, _Run]:
+    """3.12+ inlines comprehensions into the function: their instructions are
+    no cells (a stub would copy the NULL an unbound iteration variable leaves
+    on the stack), and an exception in one goes to a cleanup block that puts
+    the saved variable back and re-raises.  That re-raise is handed to the
+    stub of the statement's first cell -- as on 3.11, where the comprehension
+    was a call inside that statement: a retry re-runs the statement."""
+    out: dict[int, _Run] = {}
+    cleanups: dict[int, int] = {}  # handler index -> its RERAISE index
+    first_in: dict[int, int] = {}  # handler index -> first instruction it covers
+    for i, op in enumerate(ops):
+        if op.entry is None:
+            continue
+        h = label_at[op.entry[0]]
+        first_in.setdefault(h, i)
+        if h not in cleanups and ops[h].instr.name == "SWAP":
+            k = _walk_to_reraise(ops, h)
+            if k is not None and ops[k].instr.arg == 0 and any(
+                    ops[x].instr.name == "STORE_FAST" for x in range(h, k)):
+                cleanups[h] = k
+    for h, k in cleanups.items():
+        outer = ops[k].entry
+        if outer is not None and label_at[outer[0]] in cleanups:
+            continue  # a nested comprehension: the outer one's cleanup hands it on
+        r = first_in[h]
+        stmt = stmts[r]
+        depth = ops[k].depth
+        candidates = [run for run in runs if run.stmt is stmt and run.start < r
+                      and run.entry == outer and depth is not None and run.base < depth]
+        if candidates:
+            out[k] = min(candidates, key=lambda run: run.start)
+    return out
+
+
+def _checked_loads(bc: Bytecode) -> None:
+    """A continuation enters the code in the middle, where variables the
+    compiler knows to be bound may not be: every ``LOAD_FAST`` (which does not
+    check, in 3.12+) becomes ``LOAD_FAST_CHECK``, superinstructions split."""
+    out: list = []
+    for item in bc:
+        if not isinstance(item, Instr):
+            out.append(item)
+        elif item.name == "LOAD_FAST":
+            out.append(Instr("LOAD_FAST_CHECK", item.arg, location=item.location))
+        elif item.name in _SPLIT:
+            first, second = cast("tuple[str, str]", item.arg)
+            kinds = _SPLIT[item.name]
+            out += [Instr(kinds[0], first, location=item.location),
+                    Instr(kinds[1], second, location=item.location)]
+        else:
+            out.append(item)
+    bc[:] = out
+
+
+_SPLIT = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST_CHECK", "LOAD_FAST_CHECK"),
+          "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST_CHECK"),
+          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
 
 
 def _cell(run: _Run, n: int, p: Plan, headers: dict, info: CodeInfo,
@@ -201,13 +284,24 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
             owner[i] = run
     items: list[_Item] = []
     for i, op in enumerate(p.ops):
+        owner_run = owner.get(i)
+        if (PY.inline_generator_unwind and owner_run is not None and owner_run.start == i
+                and op.instr.name in _INLINED_CALLS):
+            # an exception coming back from the generator a specialised
+            # FOR_ITER/SEND runs in this frame is looked up one instruction
+            # before it (3.13's exception_unwind uses next_instr - 1): a NOP of
+            # the cell's there, outside the loop (it runs once, on entry; on the
+            # loop's line, so a tracer sees no line event of its own)
+            items.append(_Item(Instr("NOP", location=op.instr.location),
+                               (owner_run.stub, True, owner_run.base)))
         if i in p.label_of:
             items.append(_Item(label=p.label_of[i]))
         for extra in p.labels_at.get(i, ()):
             if extra is not p.label_of.get(i):
                 items.append(_Item(label=extra))
-        owner_run = owner.get(i)
         key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
+        if i in p.redirects:
+            key = (p.redirects[i].stub, True, p.redirects[i].base)
         items.append(_Item(op.instr, key))
     for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
         items.append(_Item(label=lb))
