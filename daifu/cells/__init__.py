@@ -22,7 +22,9 @@ from ._cell import (
     WithGuard,
     cells_of,
     is_vaccinated,
+    jump_answer,
     original_code,
+    resolve,
 )
 from ._context import FrameContext, read_locals
 from ._dispatch import backend
@@ -72,10 +74,12 @@ __all__ = [
     "forget",
     "get",
     "is_vaccinated",
+    "jump_answer",
     "entry_role",
     "map_statement",
     "options",
     "original_code",
+    "resolve",
     "read_locals",
     "record",
     "rewrite_continuation",

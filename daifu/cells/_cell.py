@@ -2,10 +2,12 @@
 
 A *cell* is the unit of recovery: one contiguous run of a statement's
 bytecode that daifu can re-execute from its start (retry) and, for simple
-statements, jump over (skip).  The rewrite (``_py311``) builds one ``Cell`` per
-run and stores it as a constant of the rewritten code, so the crash barrier
-receives it directly: no lookup tables on the crash path, nothing at all on
-the normal path.
+statements, jump over (skip).  The rewrite (``_rewrite``) builds one ``Cell``
+per run.  The rewritten code holds only plain constants (it can be marshalled,
+cached, and shipped by value to a process without daifu, where it runs
+unprotected): each cell's stub loads ``(CELL_MARK, key, index)``, and the
+barrier finds the cell by that key in this process's registry of
+``CodeInfo`` (``resolve``).  Nothing of this is on the normal path.
 
 *Guards* describe what the function's own exception handlers would do with an
 exception raised in the cell, innermost first.  The engine evaluates them at
@@ -16,6 +18,8 @@ is a crash).
 
 from __future__ import annotations
 
+import itertools
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +30,13 @@ from typing import Any
 #: returns ``function(*args)`` -- or a 1-tuple ``(exception,)``: raise that
 #: exception instead (a rule's ``SystemExit``), where the statement failed.
 RETRY_CODE, SKIP_CODE, RAISE_CODE, CONTINUE_CODE = 0, 1, 2, 3
+
+
+def jump_answer(cell_index: int, code: int) -> int:
+    """What the barrier hands the stub for a retry, skip or continue of cell
+    ``cell_index``: the cells of a function share their stub code, and each
+    (cell, jump) has its own number to dispatch on (never ``RAISE_CODE``)."""
+    return 4 * cell_index + code
 
 
 @dataclass(frozen=True)
@@ -120,10 +131,55 @@ class CodeInfo:
     #: (start, stop, cell, retry copy?) byte ranges of the rewritten code; filled lazily
     ranges: list[tuple[int, int, Cell, bool]] | None = None
     original: types.CodeType | None = None
+    #: what the rewritten code's cell constants name it by (``resolve``):
+    #: unique in this process, and kept when the code cache stores it
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            where = f"{self.filename}:{self.firstlineno}"
+            self.key = f"{self.qualname}@{where}#{_TOKEN}.{next(_SERIAL)}"
+        _INFOS[self.key] = self
+
+    def __setstate__(self, state: dict) -> None:  # (loaded from the code cache)
+        self.__dict__.update(state)
+        _INFOS[self.key] = self
+
+    def ref(self, cell: Cell) -> tuple:
+        """The constant a cell's stub loads (see ``resolve``)."""
+        return (CELL_MARK, self.key, cell.index)
 
     def __repr__(self) -> str:
         where = f"{self.filename}:{self.firstlineno}"
         return f"<CodeInfo {self.qualname} {where} cells={len(self.cells)}>"
+
+
+#: the first item of the constant each cell's stub loads: (CELL_MARK, key, index)
+CELL_MARK = "daifu.cell"
+#: every CodeInfo made or loaded in this process, by key (a vaccinated
+#: function's code refers to its info only through the key)
+_INFOS: dict[str, CodeInfo] = {}
+_TOKEN = os.urandom(4).hex()
+_SERIAL = itertools.count()
+
+
+def is_cell_ref(value: Any) -> bool:
+    """Is ``value`` the constant a cell's stub loads?"""
+    return (type(value) is tuple and len(value) == 3 and value[0] == CELL_MARK
+            and type(value[1]) is str and type(value[2]) is int)
+
+
+def resolve(ref: Any) -> Cell | None:
+    """The cell a stub's constant names, if this process knows it."""
+    if not is_cell_ref(ref):
+        return None
+    info = _INFOS.get(ref[1])
+    if info is None:
+        return None
+    cells, index = info.cells, ref[2]
+    if 0 <= index < len(cells) and cells[index].index == index:
+        return cells[index]
+    return next((c for c in cells if c.index == index), None)
 
 
 class Capabilities:
@@ -204,8 +260,9 @@ class Cell(Capabilities):
 def cells_of(code: types.CodeType) -> CodeInfo | None:
     """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
     for const in code.co_consts:
-        if type(const) is Cell:
-            return const.info
+        if is_cell_ref(const):
+            cell = resolve(const)
+            return cell.info if cell is not None else None
     return None
 
 

@@ -4,16 +4,30 @@ on the normal execution path."""
 from __future__ import annotations
 
 import sys
+import types
 
-from ..cells import RAISE_CODE, Cell
+from ..cells import RAISE_CODE, jump_answer, resolve
 from ._engine import ENGINE
 
 
-def barrier(exc: BaseException, cell: Cell, lasti: int, stack: tuple) -> int | tuple:
-    """Crash barrier: return one of ``_cell``'s answers (``RAISE_CODE``:
-    re-raise the exception exactly as it was).  Never raises."""
+def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:
+    """Crash barrier, called by the stub of the cell ``ref`` names
+    (``cells.resolve``): return one of ``_cell``'s answers (``RAISE_CODE``:
+    re-raise the exception exactly as it was; a retry, skip or continue as
+    the number the stub of that very cell dispatches on).  Never raises."""
     try:
-        return ENGINE.on_exception(exc, cell, lasti, stack, sys._getframe(1))
+        cell = resolve(ref)
+        if cell is None:  # code of a vaccination this process does not know
+            return RAISE_CODE
+        frame = sys._getframe(1)
+        answer = ENGINE.on_exception(exc, cell, lasti, stack, frame)
+        if isinstance(answer, int):
+            return answer if answer == RAISE_CODE else jump_answer(cell.index, answer)
+        if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry
+            new = answer[0]
+            new.__traceback__ = types.TracebackType(  # (lasti counts 2-byte units)
+                new.__traceback__, frame, 2 * lasti, cell.lineno or frame.f_lineno)
+        return answer
     except BaseException:  # daifu must never make a crash worse
         try:
             ENGINE._internal("barrier", None)

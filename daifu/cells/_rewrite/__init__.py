@@ -47,7 +47,7 @@ from ._emit import (
     Continuation,
     _emit_continuation_prologue,
     _emit_copy,
-    _emit_stub,
+    _emit_stubs,
     _instr,
     _Item,
 )
@@ -313,8 +313,7 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     items.append(_Item(_instr("NOP", loc=_NOWHERE), None))
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
-    for run in p.runs:
-        _emit_stub(items, run, p.ops, p.label_for, hooks, generator)
+    _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator)
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
     return items

@@ -7,7 +7,7 @@ import types
 
 from bytecode import Label, TryBegin, TryEnd
 
-from .._cell import Cell
+from .._cell import Cell, resolve
 from ._emit import _Item
 from ._ops import _EXTENDED_ARG, _LOAD_CONST, _Op
 
@@ -15,8 +15,9 @@ from ._ops import _EXTENDED_ARG, _LOAD_CONST, _Op
 def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
     """(start, stop, cell, is the retry copy) in byte offsets of rewritten
     ``code``: the ranges of its exception table that lead to a cell's stub
-    (whose first instruction loads the cell).  A cell's first range is its
-    original instructions; a later one is its retry copy (appended)."""
+    (whose first instruction loads the cell's constant, ``_cell.resolve``).
+    A cell's first range is its original instructions; a later one is its
+    retry copy (appended)."""
     import dis
 
     raw, consts = code.co_code, code.co_consts
@@ -30,8 +31,9 @@ def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
             offset += 2
         if offset + 1 < len(raw) and raw[offset] == _LOAD_CONST:
             arg = ext | raw[offset + 1]
-            if arg < len(consts) and type(consts[arg]) is Cell:
-                found.append((entry.start, entry.end, consts[arg]))
+            cell = resolve(consts[arg]) if arg < len(consts) else None
+            if cell is not None:
+                found.append((entry.start, entry.end, cell))
     seen: set[int] = set()
     out = []
     for start, stop, cell in sorted(found, key=lambda r: r[0]):

@@ -3,14 +3,13 @@ stubs, and the prologue of a continuation."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import cast
 
 from bytecode import Compare, Instr, Label
 from bytecode.instr import CellVar, InstrLocation
 
-from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE
+from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE, jump_answer
 from ._ops import (
     _BACKWARD,
     _FORWARD_ONLY,
@@ -45,12 +44,12 @@ def _call(args_count: int, loc) -> list[Instr]:
     return [_instr("CALL", args_count, loc)]
 
 
-def _callable(load: Instr, loc) -> list[Instr]:
+def _callable(load: list[Instr], loc) -> list[Instr]:
     """The callable ``load`` pushes, with the NULL a call needs beside it
     (3.11: NULL, callable; 3.13: callable, NULL)."""
     if PY.null_below_callable:
-        return [_instr("PUSH_NULL", loc=loc), load]
-    return [load, _instr("PUSH_NULL", loc=loc)]
+        return [_instr("PUSH_NULL", loc=loc), *load]
+    return [*load, _instr("PUSH_NULL", loc=loc)]
 
 
 @dataclass
@@ -152,6 +151,29 @@ def _target_key(ops, t: int) -> EntryKey | None:
 _NOWHERE = InstrLocation(None, None, None, None)
 
 
+def _attr(name: str, loc) -> Instr:
+    """``LOAD_ATTR name`` (3.12+: the plain, not the method, form)."""
+    if PY.load_attr_method_flag:
+        return Instr("LOAD_ATTR", (False, name), location=loc)
+    return Instr("LOAD_ATTR", name, location=loc)
+
+
+def _load_sys(name: str, loc=_NOWHERE) -> list[Instr]:
+    """``sys.<name>``, reached by name: ``import sys`` (a dictionary lookup in
+    ``sys.modules``: no frame, no event) and an attribute."""
+    return [_instr("LOAD_CONST", 0, loc), Instr("LOAD_CONST", None, location=loc),  # type: ignore[arg-type]
+            _instr("IMPORT_NAME", "sys", loc), _attr(name, loc)]
+
+
+def _load_barrier(hooks, loc=_NOWHERE) -> list[Instr]:
+    """The engine's barrier function, reached by name through ``sys.modules``
+    (never imported here: in a process without daifu's engine the lookup
+    fails, and the stub re-raises the exception as if daifu were not there)."""
+    fn = hooks.barrier
+    return [*_load_sys("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
+            _instr("BINARY_SUBSCR", loc=loc), _attr(fn.__name__, loc)]
+
+
 def _suspend_tracing() -> list:
     """Push ``sys.getprofile()`` and ``sys.gettrace()`` and switch both off,
     so that the Python code daifu calls next (the engine) produces no call or
@@ -160,21 +182,21 @@ def _suspend_tracing() -> list:
     called; nothing else of daifu)."""
     no_profile, no_trace = Label(), Label()
     return [
-        *_callable(_instr("LOAD_CONST", sys.getprofile, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("getprofile"), _NOWHERE),
         *_call(0, _NOWHERE),
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
-        *_callable(_instr("LOAD_CONST", sys.setprofile, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("setprofile"), _NOWHERE),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
-        *_callable(_instr("LOAD_CONST", sys.gettrace, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("gettrace"), _NOWHERE),
         *_call(0, _NOWHERE),
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
-        *_callable(_instr("LOAD_CONST", sys.settrace, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("settrace"), _NOWHERE),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
@@ -192,7 +214,7 @@ def _restore_tracing() -> list:
         _instr("SWAP", 2, _NOWHERE),  # profile, result, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, trace_off, _NOWHERE),
-        *_callable(_instr("LOAD_CONST", sys.settrace, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("settrace"), _NOWHERE),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
@@ -201,7 +223,7 @@ def _restore_tracing() -> list:
         _instr("SWAP", 2, _NOWHERE),  # result, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, profile_off, _NOWHERE),
-        *_callable(_instr("LOAD_CONST", sys.setprofile, _NOWHERE), _NOWHERE),
+        *_callable(_load_sys("setprofile"), _NOWHERE),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
@@ -214,44 +236,70 @@ def _items(seq: list, key) -> list[_Item]:
     return [_Item(label=x) if isinstance(x, Label) else _Item(x, key) for x in seq]
 
 
-def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None:
-    assert run.cell is not None  # set by ``rewrite`` before any emission
-    barrier = hooks.barrier
-    b = run.base
-    cell_loc = ops[run.start].instr.location
+def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool) -> None:
+    """The stubs: every cell's exception-table entry leads to two
+    instructions of its own (load the cell's constant, jump) and on to the
+    code its group shares -- the cells with the same base depth and outer
+    handler -- which calls the barrier with tracing suspended and dispatches
+    on the answer.  The constant ``(CELL_MARK, key, index)`` names the cell
+    (``_cell.resolve``): that is how ``cell_ranges`` finds it, too."""
+    groups: dict[tuple, list[_Run]] = {}
+    for run in runs:
+        groups.setdefault((run.base, run.entry), []).append(run)
+    for (base, entry), members in groups.items():
+        head = Label()
+        for run in members:
+            assert run.cell is not None  # set by ``rewrite`` before any emission
+            items.append(_Item(label=run.stub))
+            items.append(_Item(_instr("LOAD_CONST", run.cell.info.ref(run.cell), _NOWHERE), None))
+            items.append(_Item(_instr("JUMP_FORWARD", head, _NOWHERE), None))
+        _emit_group(items, head, base, entry, members, ops, label_for, hooks, generator)
+
+
+def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, label_for, hooks,
+                generator: bool) -> None:
     fallback, traced_fallback, answered = Label(), Label(), Label()
-    on_retry, on_skip, on_continue, on_raise, on_other = (Label() for _ in range(5))
-    guard_key = (fallback, False, b + 2)  # any failure in the stub: re-raise the original
+    on_raise, on_other = Label(), Label()
+    # stack on entry: ..., lasti, exc, ref (the cell's constant)
+    guard_key = (fallback, False, b + 3)  # any failure in the stub: re-raise the original
     traced_key = (traced_fallback, False, b + 5)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
-    # the first instruction loads the cell: that is how ``cell_ranges`` finds it
-    head = [_instr("LOAD_CONST", run.cell, loc), *_suspend_tracing()]
-    # stack: ..., lasti, exc, cell, profile, trace
+    # stack: ..., lasti, exc, ref, profile, trace
     call = [
-        *_callable(_instr("LOAD_CONST", barrier, loc), loc),
+        *_callable(_load_barrier(hooks, loc), loc),
         _instr("COPY", 6, loc),  # exc
-        _instr("COPY", 6, loc),  # cell
+        _instr("COPY", 6, loc),  # ref
         _instr("COPY", 9, loc),  # lasti
     ]
-    depth = b + 10
-    for n, slot in enumerate(range(b)):  # the whole stack below the cell
-        call.append(_instr("COPY", depth + n - slot, loc))
+    for _ in range(b):  # the whole stack below the cell, slot 0 first
+        call.append(_instr("COPY", b + 10, loc))
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
-    # ..., lasti, exc, cell, profile, trace, answer -> ..., lasti, exc, answer
-    body = [answered, *_restore_tracing(), _instr("SWAP", 2, loc), _instr("POP_TOP", loc=loc)]
+    # ..., lasti, exc, ref, profile, trace, answer -> ..., lasti, exc, ref, answer
+    body = [answered, *_restore_tracing()]
 
     def branch(code: int, target: Label) -> list:
         return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
                 _instr("COMPARE_OP", Compare.EQ, loc),
                 _instr(POP_JUMP_IF_TRUE, target, loc)]
 
-    if run.cell.can_retry:
-        body += branch(RETRY_CODE, on_retry)
-    if run.skip_target is not None and run.cell.can_skip:
-        body += branch(SKIP_CODE, on_skip)
-    if run.continue_target is not None:
-        body += branch(CONTINUE_CODE, on_continue)
+    # (label, values to pop, where to go, the jump's exception-table entry)
+    jumps: list[tuple[Label, int, Label, EntryKey | None]] = []
+    for run in members:
+        cell = run.cell
+        assert cell is not None
+        targets = []
+        if cell.can_retry:
+            targets.append((RETRY_CODE, 4, run.copy, run.entry))
+        if run.skip_target is not None and cell.can_skip:
+            targets.append((SKIP_CODE, 4 + run.skip_pops, label_for(run.skip_target),
+                            _target_key(ops, run.skip_target)))
+        if run.continue_target is not None:
+            targets.append((CONTINUE_CODE, 4, label_for(run.continue_target), run.entry))
+        for code, pops, dest, key in targets:
+            lab = Label()
+            jumps.append((lab, pops, dest, key))
+            body += branch(jump_answer(cell.index, code), lab)
     body += branch(RAISE_CODE, on_raise)
     # a tuple: (exception,) raises it here; (function, args) continues in new code
     body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
@@ -259,8 +307,8 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
              _instr(POP_JUMP_IF_TRUE, on_other, loc)]
     if generator:  # no continuation in new code for a generator's frame
         body.append(_instr("JUMP_FORWARD", on_raise, loc))
-    items.append(_Item(label=run.stub))
-    items.extend(_items(head, guard_key))
+    items.append(_Item(label=head))
+    items.extend(_items(_suspend_tracing(), guard_key))
     items.extend(_items(call, traced_key))
     items.extend(_items(body, guard_key))
     if not generator:
@@ -269,7 +317,8 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
         # the continuation runs the user's with/finally exits itself, and its
         # exception must leave this frame untouched.
         items.extend(_items([
-            _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("SWAP", 4, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("POP_TOP", loc=loc),
             _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
             *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
               if PY.null_below_callable else
@@ -278,38 +327,32 @@ def _emit_stub(items, run: _Run, ops, label_for, hooks, generator: bool) -> None
             _instr("CALL_FUNCTION_EX", 0, loc),
             _instr("RETURN_VALUE", loc=loc),
         ], None))
-    # (exception,): raised where the statement failed; the user's handlers,
-    # with exits and finally blocks see it as if the statement had raised it
+    # (exception,): raised where the statement failed (the barrier gave it a
+    # traceback entry for this frame at the failing instruction); the user's
+    # handlers, with exits and finally blocks see it as if the statement had
+    # raised it
     items.append(_Item(label=on_other))
-    items.append(_Item(_instr("UNPACK_SEQUENCE", 1, loc), guard_key))
-    items.append(_Item(_instr("RAISE_VARARGS", 1, cell_loc), run.entry))
+    items.extend(_items([_instr("UNPACK_SEQUENCE", 1, loc),  # ..., lasti, exc, ref, new
+                         _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc),
+                         _instr("POP_TOP", loc=loc)], guard_key))
+    items.append(_Item(_instr("RERAISE", 1, loc), entry))
     items.append(_Item(label=on_raise))
-    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
-    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
+    items.append(_Item(_instr("RERAISE", 1, loc), entry))
     # the barrier call failed (RecursionError at the limit): answer "re-raise"
     items.append(_Item(label=traced_fallback))
     items.extend(_items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
                          _instr("JUMP_BACKWARD", answered, loc)], guard_key))
     items.append(_Item(label=fallback))
-    items.append(_Item(_instr("POP_TOP", loc=loc), run.entry))
-    items.append(_Item(_instr("RERAISE", 1, loc), run.entry))
-    if run.cell.can_retry:
-        items.append(_Item(label=on_retry))
-        for _ in range(3):
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
+    items.append(_Item(_instr("RERAISE", 1, loc), entry))
+    for lab, pops, dest, key in jumps:
+        items.append(_Item(label=lab))
+        for _ in range(pops):
             items.append(_Item(_instr("POP_TOP", loc=loc), None))
-        items.append(_Item(_instr("JUMP_BACKWARD", run.copy, loc), run.entry))
-    if run.skip_target is not None and run.cell.can_skip:
-        items.append(_Item(label=on_skip))
-        for _ in range(3 + run.skip_pops):
-            items.append(_Item(_instr("POP_TOP", loc=loc), None))
-        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.skip_target), loc),
-                           _target_key(ops, run.skip_target)))
-    if run.continue_target is not None:
-        items.append(_Item(label=on_continue))
-        for _ in range(3):
-            items.append(_Item(_instr("POP_TOP", loc=loc), None))
-        items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.continue_target), loc),
-                           run.entry))
+        items.append(_Item(_instr("JUMP_BACKWARD", dest, loc), key))
 
 
 def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label_for) -> None:

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, cast
 from bytecode import Bytecode, Instr
 from bytecode.instr import CellVar, FreeVar
 
-from .._cell import Cell, Clause, ExceptGuard, FinallyGuard, Guard, OpaqueGuard, Ref, WithGuard
+from .._cell import (
+    Cell,
+    Clause,
+    ExceptGuard,
+    FinallyGuard,
+    Guard,
+    OpaqueGuard,
+    Ref,
+    WithGuard,
+    resolve,
+)
 from .._source import ModuleSource
 from ._analysis import _flatten
 from ._ops import (
@@ -218,10 +228,10 @@ def handler_chain(ops, label_at, entry: EntryKey | None, msrc: ModuleSource | No
             entry = ops[k].entry
         elif name == "END_ASYNC_FOR":
             entry = ops[h].entry
-        elif name == "LOAD_CONST" and type(ops[h].instr.arg) is Cell:
+        elif name == "LOAD_CONST" and resolve(ops[h].instr.arg) is not None:
             # (rewritten code: a daifu stub, which stands for the cell's own
             # guards -- 3.13 hands an inlined comprehension's exception to it)
-            guards.extend(cast(Cell, ops[h].instr.arg).guards)
+            guards.extend(cast(Cell, resolve(ops[h].instr.arg)).guards)
             break
         else:
             k = _walk_to_reraise(ops, h)
