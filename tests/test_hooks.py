@@ -17,6 +17,7 @@ import pytest
 import daifu
 from daifu.cells import Selection, is_vaccinated, options, vaccinate_source
 from daifu.hooks import DaifuFinder, ModuleMatcher, install, uninstall
+from daifu.hooks._config import Config
 from daifu.hooks._install import current
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +142,8 @@ def test_package_modules_vaccinated_and_recover(project):
     import hookpkg
 
     assert is_vaccinated(hookpkg.core.train.__code__)
-    assert not is_vaccinated(hookpkg.core.no_loop.__code__)  # default: functions with loops
+    # default: every top-level function too, at import (its own frame from the first call)
+    assert is_vaccinated(hookpkg.core.no_loop.__code__)
     assert hookpkg.VALUE == 1
 
     @daifu.on(ZeroDivisionError)
@@ -153,7 +155,7 @@ def test_package_modules_vaccinated_and_recover(project):
 
 
 def test_entry_patterns_select_functions(project):
-    install(modules="hookpkg", entry="no_loop")
+    install(modules="hookpkg", entry="no_loop", config=Config(lazy=False))  # (--no-lazy)
     import hookpkg.core
 
     assert is_vaccinated(hookpkg.core.no_loop.__code__)

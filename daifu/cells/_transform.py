@@ -39,13 +39,16 @@ class Selection:
     decorated with ``@daifu.vaccinate`` are always selected.
 
     ``lazy``: every other function defined at a module's top level or in a
-    class body is vaccinated when it is first called (``_lazy``); what
-    ``lazy`` leaves out (nested functions, generators) keeps this rule.
+    class body is vaccinated too: when it is first called (``_lazy``), or at
+    import with ``eager`` (the runner's default: every function runs in its
+    own frame, from its first call on).  What ``lazy`` leaves out (nested
+    functions, generators) keeps the ``entries`` rule.
     """
 
     entries: tuple[str, ...] = ("*",)
     module_level: bool = False
     lazy: bool = False
+    eager: bool = False
 
     def wants(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
         if isinstance(scope, ast.Module):
@@ -184,7 +187,7 @@ def vaccinate_module(
     hooks = _hooks()
     # strict mode must report every function that cannot be vaccinated at
     # import, and a dump shows the rewrite: both rewrite the stubs' functions now
-    now = options.strict or bool(options.dump)
+    now = selection.eager or options.strict or bool(options.dump)
     stubs: list[_lazy.Pending] = []
 
     def walk(co: types.CodeType, parent: ast.AST | None) -> types.CodeType:

@@ -4,8 +4,9 @@
 |----------------------|------------------|-----------------------------------------------------|
 | DAIFU_MODULES        | --modules        | modules the import hook vaccinates (dotted globs)   |
 | DAIFU_ENTRY          | --entry          | functions to vaccinate (qualname globs; * = loops)  |
-| DAIFU_LAZY           | --no-lazy (=0)   | 1 (default): every other function and method is     |
-|                      |                  | vaccinated when it is first called                  |
+| DAIFU_LAZY           | --lazy (=1)      | unset (default): every other function and method is |
+|                      | --no-lazy (=0)   | vaccinated at import; 1: at its first call (a stub  |
+|                      |                  | frame on that call); 0: not vaccinated              |
 | DAIFU_FIXES          | --fixes          | rules files, separated by os.pathsep               |
 | DAIFU_MAX_ATTEMPTS   | --max-attempts   | retries of one statement before giving up (5)       |
 | DAIFU_LOG            | --log            | write events as JSON lines to this file             |
@@ -21,7 +22,7 @@
 | DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
 | DAIFU_CACHE          | --no-cache (=0)  | code cache: a directory, 0 (off) or 1 (on); default |
-|                      |                  | ~/.cache/daifu, read-only under python -B           |
+|                      |                  | ~/.cache/daifu (written under python -B too)        |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
 """
 
@@ -78,6 +79,8 @@ class Config:
     modules: str = ""
     entry: tuple[str, ...] = ("*",)
     lazy: bool = True
+    #: what ``lazy`` vaccinates is rewritten at import (not at first call)
+    eager: bool = True
     fixes: tuple[str, ...] = ()
     max_attempts: int = 5
     log: str | None = None
@@ -106,7 +109,8 @@ class Config:
             dump=env.get("DAIFU_DUMP") or None,
             main=env.get("DAIFU_MAIN") or None,
         )
-        cfg.lazy = _switch(env, "DAIFU_LAZY", True)
+        if env.get("DAIFU_LAZY", "").strip():
+            cfg.lazy, cfg.eager = _switch(env, "DAIFU_LAZY", True), False
         cfg.console = _switch(env, "DAIFU_CONSOLE", True)
         peer = env.get("DAIFU_PEER_TIMEOUT")
         if peer is not None:
@@ -144,24 +148,27 @@ class Config:
                 raise ConfigError(f"bad DAIFU_ENTRY pattern {pattern!r}")
 
     def selection(self, module_level: bool = False) -> Selection:
-        return Selection(entries=self.entry, module_level=module_level, lazy=self.lazy)
+        return Selection(entries=self.entry, module_level=module_level, lazy=self.lazy,
+                         eager=self.lazy and self.eager)
 
     def code_cache(self):
         """The ``CodeCache`` ``DAIFU_CACHE`` asks for, or None.
 
-        Unset: ``~/.cache/daifu`` (``$XDG_CACHE_HOME/daifu``), only read when
-        Python does not write bytecode (``-B``, ``PYTHONDONTWRITEBYTECODE``),
-        quietly unused if it cannot be made private.  ``1``: the same, always
-        written.  ``0``: no cache.  Anything else: that directory."""
-        import sys
-
+        Unset: ``~/.cache/daifu`` (``$XDG_CACHE_HOME/daifu``), quietly unused
+        if it cannot be made private.  It is written even when Python does not
+        write bytecode (``-B``, ``PYTHONDONTWRITEBYTECODE``): that setting
+        keeps ``__pycache__`` out of source trees and images, and daifu's
+        cache is neither (a private per-user directory, pruned after 30
+        days); without it every start would rewrite every function.  ``1``:
+        the same, with a warning if unusable.  ``0``: no cache.  Anything
+        else: that directory."""
         from ..cells import CodeCache, default_directory
 
         value = self.cache.lower()
         if value in ("0", "false", "no", "off"):
             return None
         if value == "":
-            return CodeCache(default_directory(), write=not sys.dont_write_bytecode, quiet=True)
+            return CodeCache(default_directory(), quiet=True)
         if value in _TRUE:
             return CodeCache(default_directory())
         return CodeCache(os.path.abspath(os.path.expanduser(self.cache)))
@@ -170,7 +177,10 @@ class Config:
         """Write the options to the environment so child processes inherit them."""
         os.environ["DAIFU_MODULES"] = self.modules
         os.environ["DAIFU_ENTRY"] = ",".join(self.entry)
-        os.environ["DAIFU_LAZY"] = "1" if self.lazy else "0"
+        if self.lazy and self.eager:
+            os.environ.pop("DAIFU_LAZY", None)
+        else:
+            os.environ["DAIFU_LAZY"] = "1" if self.lazy else "0"
         os.environ["DAIFU_MAX_ATTEMPTS"] = str(self.max_attempts)
         os.environ["DAIFU_LOG_LEVEL"] = self.log_level
         if self.fixes:

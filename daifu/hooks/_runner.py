@@ -53,8 +53,8 @@ environment variables (options override them; child processes inherit them):
   DAIFU_MODULES       modules to vaccinate besides the script, e.g. 'mylib.*'
   DAIFU_ENTRY         functions to vaccinate: qualname globs, '*' = every
                       function containing a loop (default), '<module>' = module code;
-                      every other function and method is vaccinated when first called
-  DAIFU_LAZY=0        like --no-lazy
+                      every other function and method is vaccinated at import
+  DAIFU_LAZY=1        like --lazy;  DAIFU_LAZY=0  like --no-lazy
   DAIFU_FIXES         rules files, separated by ':'
   DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
   DAIFU_LOG           write events as JSON lines to this file
@@ -64,7 +64,7 @@ environment variables (options override them; child processes inherit them):
   DAIFU_WAIT          like --wait; DAIFU_CONSOLE=0 like --no-console
   DAIFU_JOURNAL, DAIFU_REPLAY   like --journal, --replay
   DAIFU_CACHE         code cache: a directory, 0 (off, like --no-cache) or 1;
-                      default ~/.cache/daifu (only read under python -B)
+                      default ~/.cache/daifu (written under python -B too)
 
 examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
@@ -91,10 +91,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="also vaccinate these modules (comma-separated dotted globs)")
     p.add_argument("--entry", metavar="PATTERNS",
                    help="functions to vaccinate (qualname globs; '*' = every function with a loop)")
+    p.add_argument("--lazy", action="store_true",
+                   help="vaccinate the functions --entry does not select at their first call "
+                        "instead of at import (faster imports; that one call runs under a "
+                        "stub frame that debuggers and profilers see)")
     p.add_argument("--no-lazy", action="store_true",
                    help="vaccinate only the functions --entry selects (by default every other "
-                        "function and method of a vaccinated module is vaccinated when it is "
-                        "first called)")
+                        "function and method of a vaccinated module is vaccinated at import)")
     p.add_argument("--max-attempts", type=int, metavar="N",
                    help="give up after N failed retries of one statement (default 5)")
     p.add_argument("--log-file", "--log", dest="log", metavar="FILE",
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
                                 log_level=None, strict=False, dump=None, wait=None,
                                 notify=None, no_console=False, journal=None, replay=None,
-                                no_cache=False, unprotected=False, no_lazy=False)
+                                no_cache=False, unprotected=False, no_lazy=False,
+                                lazy=False)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
@@ -224,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.journal = ns.journal
         if ns.replay:
             cfg.replay = ns.replay
+        if ns.lazy:
+            cfg.lazy, cfg.eager = True, False
         if ns.no_lazy:
             cfg.lazy = False
         if ns.no_cache:

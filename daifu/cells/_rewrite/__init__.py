@@ -323,7 +323,7 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
     """A code object from the emitted items, stack depths computed here (the
     ``bytecode`` library gets those of the stub entries wrong)."""
     final_ops, final_labels = _as_ops(items)
-    stacksize = _analyse_depths(final_ops, final_labels)
+    stacksize = _analyse_depths(final_ops, final_labels, track_nulls=False)
     out = p.bc.copy()
     out.clear()
     out.extend(_with_try_blocks(items))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dis
+from typing import Any
+
 from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
+from bytecode.instr import BITFLAG2_OPCODES, BITFLAG_OPCODES
 
 from ._ops import _TERMINAL, PY, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
 
@@ -38,14 +42,39 @@ def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
 
 
 def _effect(instr: Instr, jump: bool) -> int:
-    if instr.name == "RETURN_GENERATOR":
-        return 1  # on resumption the sent value is on the stack (popped next)
-    return instr.stack_effect(jump=jump)
+    """``instr.stack_effect(jump)``, from a table filled as opcodes are met
+    (the rewrite asks it several times per instruction)."""
+    op = instr.opcode
+    arg: Any = instr.arg
+    if op < _HAVE_ARGUMENT:
+        arg = None
+    elif type(arg) is tuple:  # LOAD_GLOBAL/LOAD_ATTR...: (flag, name)
+        arg = arg[0] if op in _FLAG_OPS else 0
+    elif type(arg) is not int or op in _HAS_CONST:
+        arg = 0
+    key = (op, arg, jump)
+    effect = _EFFECTS.get(key)
+    if effect is None:
+        if instr.name == "RETURN_GENERATOR":
+            effect = 1  # on resumption the sent value is on the stack (popped next)
+        else:
+            effect = instr.stack_effect(jump=jump)
+        _EFFECTS[key] = effect
+    return effect
 
 
-def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
+_HAVE_ARGUMENT = dis.HAVE_ARGUMENT
+_HAS_CONST = frozenset(dis.hasconst)
+#: the opcodes whose argument's low bit is a flag (``bytecode`` decodes them
+#: as ``(flag, name)``; their stack effect depends on the flag)
+_FLAG_OPS = frozenset(BITFLAG_OPCODES) | frozenset(BITFLAG2_OPCODES)
+_EFFECTS: dict[tuple, int] = {}
+
+
+def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: bool = True) -> int:
     """Fill ``op.depth`` (stack depth before each instruction) and ``op.nulls``
-    (the slots that may hold NULL then); return the max depth."""
+    (the slots that may hold NULL then, unless ``track_nulls`` is false: the
+    depths alone, for the stack size of assembled code); return the max depth."""
     if not ops:
         raise Unsupported("empty code")
     for op in ops:
@@ -82,13 +111,15 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int]) -> int:
             target, lasti, edepth = op.entry
             flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
         if instr.has_jump():
-            after = depth + _effect(instr, True)
-            peak = max(peak, after, depth + max(0, _effect(instr, True)))
-            flow(label_at[_label_arg(instr)], after, _nulls_after(instr, depth, op.nulls, True))
+            effect = _effect(instr, True)
+            after = depth + effect
+            peak = max(peak, after, depth + max(0, effect))
+            flow(label_at[_label_arg(instr)], after,
+                 _nulls_after(instr, depth, op.nulls, True) if track_nulls else 0)
         if instr.name not in _TERMINAL:
             after = depth + _effect(instr, False)
             peak = max(peak, after)
-            flow(i + 1, after, _nulls_after(instr, depth, op.nulls, False))
+            flow(i + 1, after, _nulls_after(instr, depth, op.nulls, False) if track_nulls else 0)
     return peak
 
 
