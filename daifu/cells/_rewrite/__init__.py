@@ -328,7 +328,10 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
     out.clear()
     out.extend(_with_try_blocks(items))
     try:
+        # (every EXTENDED_ARG a long jump gains moves the others: a function
+        # with many cells can take more than bytecode's default 10 passes --
+        # sizes only grow, so this converges)
         return out.to_code(stacksize=max(stacksize, p.code.co_stacksize),
-                           compute_exception_stack_depths=False)
+                           compute_exception_stack_depths=False, compute_jumps_passes=200)
     except Exception as exc:  # bytecode refused what we built: a daifu bug
         raise Unsupported(f"bytecode assembly failed: {exc}") from exc
