@@ -1,5 +1,6 @@
 """A soak of CPython's own test suite: each module's tests run with the test
-module itself vaccinated (every function, ``--entry '**'``), under
+module itself vaccinated (every function, ``--entry '**'``; or with default
+settings, for the debugger, tracer and scoping tests), under
 ``python -m daifu`` (through ``cpython_tier.py``: ``unittest`` minus the tests
 that inspect daifu's own bytecode, each listed with its reason).  They
 exercise exceptions, ``with``, ``contextlib``,
@@ -21,14 +22,26 @@ MODULES = ["test_exceptions", "test_with", "test_contextlib", "test_generators",
            "test_patma", "test_grammar"]
 
 
+#: the tests of tools that look at frames (debuggers, tracers) and of
+#: scoping, run with default settings: every function of the test module is
+#: vaccinated at import and must be invisible to them
+DEFAULT_SETTINGS = ["test_bdb", "test_sys_settrace", "test_trace", "test_pdb", "test_scope",
+                    "test_exceptions", "test_generators", "test_with", "test_contextlib"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODULES)
-def test_cpython_lib_test_passes_vaccinated(name, tmp_path):
+@pytest.mark.parametrize("name,entry", [(m, "**") for m in MODULES]
+                         + [(m, None) for m in DEFAULT_SETTINGS],
+                         ids=[f"{m}-all" for m in MODULES] + [f"{m}-defaults"
+                                                             for m in DEFAULT_SETTINGS])
+def test_cpython_lib_test_passes_vaccinated(name, entry, tmp_path):
     if importlib.util.find_spec(f"test.{name}") is None:  # pragma: no cover
         pytest.fail(f"CPython's test.{name} is not installed with this interpreter")
     env = {**os.environ, "DAIFU_CONSOLE": "0", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    env.pop("DAIFU_LAZY", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "daifu", "--modules", f"test.{name}", "--entry", "**",
+        [sys.executable, "-m", "daifu", "--modules", f"test.{name}",
+         *(["--entry", entry] if entry else []),
          "--log", str(tmp_path / "events.jsonl"), "--log-level", "debug",
          str(Path(__file__).with_name("cpython_tier.py")), f"test.{name}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
