@@ -157,3 +157,27 @@ def test_vaccinated_code_shipped_by_value_runs_unprotected_without_daifu(tmp_pat
     assert got.returncode == 1 and got.stdout == "2.0\n", got.stderr
     assert got.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
     assert "c = a / b" in got.stderr and "daifu" not in got.stderr
+
+
+@pytest.mark.torch
+def test_torch_compile_fullgraph_before_the_first_call(tmp_path):
+    """Under --lazy, ``torch.compile(f, fullgraph=True)`` before ``f``'s first
+    call met the stub and killed the program; by default ``f`` is its
+    vaccinated code from the start, and Dynamo traces it into one graph."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "prog.py").write_text(textwrap.dedent('''
+        import torch
+        from daifu.cells import is_vaccinated
+
+        def f(x):
+            y = torch.sin(x) * 2
+            return y + 1
+
+        assert is_vaccinated(f.__code__)
+        g = torch.compile(f, backend="eager", fullgraph=True)
+        x = torch.linspace(0, 1, 5)
+        assert torch.equal(g(x), torch.sin(x) * 2 + 1)
+        print("ok")
+    '''))
+    got = run_daifu(["prog.py"], tmp_path, timeout=300)
+    assert (got.returncode, got.stdout.strip()) == (0, "ok"), got.stderr[-3000:]
