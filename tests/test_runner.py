@@ -280,6 +280,56 @@ def test_start_up_is_lean_and_nothing_is_imported_while_the_program_runs(tmp_pat
     assert res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
+PRELOADED = '''
+import os, sys, time
+heavy = {"structlog", "json", "asyncio"}
+print(sorted(heavy & set(sys.modules)))
+time.sleep(1.5)
+print(sorted(heavy & set(sys.modules)))
+# a fork while the imports may still run: the child can import them
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        import structlog, json
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+print("forked")
+'''
+
+
+def test_what_the_first_crash_imports_is_imported_off_its_path(tmp_path):
+    # the first crash imported ~200 modules (structlog, rich, asyncio...):
+    # 80-120 ms from the raise to the first rule; now a daemon thread imports
+    # them DAIFU_PRELOAD seconds after start-up
+    (tmp_path / "pre.py").write_text(PRELOADED)
+    proc = daifu(["pre.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0.5"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "['asyncio', 'json', 'structlog']", "forked"]
+    off = daifu(["pre.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0"})
+    assert off.returncode == 0 and off.stdout.splitlines()[:2] == ["[]", "[]"], off.stderr
+
+
+def test_a_fork_during_the_preload_waits_for_it(tmp_path):
+    # a fork while the preload thread holds an import lock would leave the
+    # child a lock nobody releases: the child of a DataLoader-style fork
+    # importing those modules at its first crash would hang
+    (tmp_path / "fork.py").write_text(textwrap.dedent('''
+        import os, sys, time
+        from daifu.engine import _preload
+        for _ in range(30):
+            pid = os.fork()
+            if pid == 0:
+                import structlog, json
+                os._exit(0)
+            assert os.waitpid(pid, 0)[1] == 0
+            if _preload.wait(0):
+                break
+        print("ok", _preload.wait(10))
+    '''))
+    proc = daifu(["fork.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0.001"})
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok True"), proc.stderr
+
+
 def test_a_module_imported_before_daifu_is_vaccinated_in_place(tmp_path):
     # DAIFU_MODULES naming a module that was already imported (by the
     # interpreter's start-up, by daifu) silently vaccinated nothing

@@ -294,6 +294,15 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
+def warm() -> None:
+    """Import what building the logger imports (``_preload``)."""
+    import importlib.metadata  # noqa: F401 - see the module docstring
+
+    import structlog
+
+    structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
+
+
 def _build(sink: _Sink) -> Any:
     import importlib.metadata  # noqa: F401 - see the module docstring
 

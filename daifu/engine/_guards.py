@@ -28,6 +28,7 @@ callers outside the target files.
 from __future__ import annotations
 
 import contextlib
+import dis
 import inspect
 import sys
 import threading
@@ -457,9 +458,17 @@ def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
         if cell is not None:
             return cell.guards
     back, _ = backend()
-    if back is None:
-        return ()
+    if back is None or not _covered(code, offset):
+        return ()  # no handler around it: nothing to decode (or parse)
     return back.chain_for_code(code, offset, source_for_file(code.co_filename))
+
+
+def _covered(code: types.CodeType, offset: int) -> bool:
+    """Is byte ``offset`` of ``code`` inside an exception-table entry?"""
+    if not code.co_exceptiontable:
+        return False
+    entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
+    return any(e.start <= offset < e.end for e in entries)
 
 
 def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:

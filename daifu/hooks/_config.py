@@ -23,6 +23,8 @@
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
 | DAIFU_CACHE          | --no-cache (=0)  | code cache: a directory, 0 (off) or 1 (on); default |
 |                      |                  | ~/.cache/daifu (written under python -B too)        |
+| DAIFU_PRELOAD        |                  | seconds after start-up to import what a crash needs |
+|                      |                  | (in a daemon thread; default 2), 0: at the crash    |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
 """
 

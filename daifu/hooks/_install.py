@@ -62,6 +62,9 @@ def install(modules: str | None = None, entry: str | None = None,
         if name not in later:
             patch()
     _vaccinate_imported(cfg)
+    from ..engine import _preload
+
+    _preload.start()  # what the first crash imports, a few seconds from now
     return Installation(_finder)
 
 

@@ -57,6 +57,7 @@ environment variables (options override them; child processes inherit them):
   DAIFU_LAZY=1        like --lazy;  DAIFU_LAZY=0  like --no-lazy
   DAIFU_FIXES         rules files, separated by ':'
   DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
+  DAIFU_PRELOAD=S     import what a crash needs S seconds after start (default 2; 0: at the crash)
   DAIFU_LOG           write events as JSON lines to this file
   DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
   DAIFU_STRICT=1      a function that cannot be vaccinated is an error

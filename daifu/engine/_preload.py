@@ -1,0 +1,96 @@
+"""Import what the first crash needs before it happens, off the program's path.
+
+Handling a crash imports structlog (and, through it, ``rich`` where it is
+installed, ``asyncio``, ``ssl``...), ``json`` and ``hashlib`` for the
+journal, the report, the console and the control socket: ~200 modules,
+80-120 ms.  Paid at the first crash, that is the time from the raise to the
+first rule.  Paid at start-up, it would make every ``python -m daifu`` start
+as slow, crash or not.
+
+So a daemon thread imports them ``DELAY_S`` after daifu is installed: a
+program that ends sooner (a script, a test run) never pays, a job that runs
+longer has them before its first crash.  Two hazards, both handled:
+
+* ``fork`` while the thread holds an import lock would leave the child a lock
+  no thread of it will ever release (a DataLoader worker that then imports
+  one of those modules at its first crash would hang): a before-fork hook
+  waits for the imports to finish (milliseconds, once per process);
+* the thread must never raise into the program or print: every failure is
+  swallowed (the crash imports what it needs itself then, as without it).
+
+``DAIFU_PRELOAD=S`` sets the delay in seconds; ``0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+#: seconds after daifu is installed
+DELAY_S = 2.0
+#: held while the thread imports
+_busy = threading.Lock()
+_timer: threading.Timer | None = None
+_done = threading.Event()
+
+
+def _imports() -> None:
+    with _busy:
+        try:
+            import hashlib  # noqa: F401
+            import json  # noqa: F401
+
+            from . import _console, _control, _journal, _report, _waiter  # noqa: F401
+            from ._events import warm
+
+            warm()
+        except BaseException:  # never into the program: the crash imports them itself
+            pass
+        finally:
+            _done.set()
+
+
+def _before_fork() -> None:
+    if _busy.locked() and not _done.is_set():
+        with _busy:  # (the thread's imports finish: no import lock is held at the fork)
+            pass
+
+
+def _in_child() -> None:
+    global _timer
+    _timer = None
+
+
+_hooked = False
+
+
+def delay_from_env() -> float | None:
+    """``DAIFU_PRELOAD``: seconds (default ``DELAY_S``), ``0``: None (off)."""
+    value = os.environ.get("DAIFU_PRELOAD", "").strip()
+    if not value:
+        return DELAY_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        return DELAY_S
+    return seconds if seconds > 0 else None
+
+
+def start(delay: float | None = None) -> None:
+    """Schedule the imports (once per process; not if they are done)."""
+    global _timer, _hooked
+    delay = delay_from_env() if delay is None else delay
+    if _timer is not None or _done.is_set() or delay is None:
+        return
+    if not _hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+        _hooked = True
+    _timer = threading.Timer(delay, _imports)
+    _timer.daemon = True
+    _timer.name = "daifu-preload"
+    _timer.start()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for the imports (tests and the benchmark)."""
+    return _done.wait(timeout)
