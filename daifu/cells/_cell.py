@@ -18,6 +18,7 @@ is a crash).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import types
@@ -259,11 +260,23 @@ class Cell(Capabilities):
 
 def cells_of(code: types.CodeType) -> CodeInfo | None:
     """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
+    try:
+        return _cells_of(code)
+    except TypeError:  # (a code object with an unhashable constant)
+        return _scan(code)
+
+
+def _scan(code: types.CodeType) -> CodeInfo | None:
     for const in code.co_consts:
         if is_cell_ref(const):
             cell = resolve(const)
             return cell.info if cell is not None else None
     return None
+
+
+#: (equal code objects hold the same cell constants, so they have the same
+#: info; a code object's info never changes once it exists)
+_cells_of = functools.lru_cache(maxsize=4096)(_scan)
 
 
 def original_code(code: types.CodeType) -> types.CodeType:

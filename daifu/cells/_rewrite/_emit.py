@@ -158,45 +158,55 @@ def _attr(name: str, loc) -> Instr:
     return Instr("LOAD_ATTR", name, location=loc)
 
 
-def _load_sys(name: str, loc=_NOWHERE) -> list[Instr]:
-    """``sys.<name>``, reached by name: ``import sys`` (a dictionary lookup in
-    ``sys.modules``: no frame, no event) and an attribute."""
+def _import_sys(loc=_NOWHERE) -> list[Instr]:
+    """Push the ``sys`` module, reached by name: ``import sys`` (a lookup in
+    ``sys.modules``: no frame, no event), once per stub entry -- it stays on
+    the stack while the stub needs it."""
     return [_instr("LOAD_CONST", 0, loc), Instr("LOAD_CONST", None, location=loc),  # type: ignore[arg-type]
-            _instr("IMPORT_NAME", "sys", loc), _attr(name, loc)]
+            _instr("IMPORT_NAME", "sys", loc)]
 
 
-def _load_barrier(hooks, loc=_NOWHERE) -> list[Instr]:
-    """The engine's barrier function, reached by name through ``sys.modules``
+def _sys_callable(path: list[Instr], sys_at: int, loc=_NOWHERE) -> list[Instr]:
+    """The callable ``path`` reads from ``sys`` (``sys_at``: its position from
+    the top of the stack, 1 = top), with the NULL of the call beside it."""
+    if PY.null_below_callable:
+        return [_instr("PUSH_NULL", loc=loc), _instr("COPY", sys_at + 1, loc), *path]
+    return [_instr("COPY", sys_at, loc), *path, _instr("PUSH_NULL", loc=loc)]
+
+
+def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
+    """``sys`` -> the engine's barrier function: ``sys.modules[module].name``
     (never imported here: in a process without daifu's engine the lookup
     fails, and the stub re-raises the exception as if daifu were not there)."""
     fn = hooks.barrier
-    return [*_load_sys("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
+    return [_attr("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
             _instr("BINARY_SUBSCR", loc=loc), _attr(fn.__name__, loc)]
 
 
 def _suspend_tracing() -> list:
-    """Push ``sys.getprofile()`` and ``sys.gettrace()`` and switch both off,
-    so that the Python code daifu calls next (the engine) produces no call or
-    line events for a debugger, coverage or a profiler.  Builtins only: they
-    create no frames (a profiler sees ``getprofile`` and ``setprofile``
-    called; nothing else of daifu)."""
+    """``[sys]`` -> ``[sys, profile, trace]``: push ``sys.getprofile()`` and
+    ``sys.gettrace()`` and switch both off, so that the Python code daifu
+    calls next (the engine) produces no call or line events for a debugger,
+    coverage or a profiler.  Builtins only: they create no frames (a
+    profiler sees ``getprofile`` and ``setprofile`` called; nothing else of
+    daifu)."""
     no_profile, no_trace = Label(), Label()
     return [
-        *_callable(_load_sys("getprofile"), _NOWHERE),
-        *_call(0, _NOWHERE),
+        *_sys_callable([_attr("getprofile", _NOWHERE)], 1),
+        *_call(0, _NOWHERE),  # sys, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
-        *_callable(_load_sys("setprofile"), _NOWHERE),
+        *_sys_callable([_attr("setprofile", _NOWHERE)], 2),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
-        *_callable(_load_sys("gettrace"), _NOWHERE),
-        *_call(0, _NOWHERE),
+        *_sys_callable([_attr("gettrace", _NOWHERE)], 2),
+        *_call(0, _NOWHERE),  # sys, profile, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
-        *_callable(_load_sys("settrace"), _NOWHERE),
+        *_sys_callable([_attr("settrace", _NOWHERE)], 3),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
@@ -206,28 +216,30 @@ def _suspend_tracing() -> list:
 
 
 def _restore_tracing() -> list:
-    """``[profile, trace, result]`` -> ``[result]``, the tracer and profiler
-    set back exactly as they were (after daifu's frame has returned, so
-    neither sees its return)."""
+    """``[sys, profile, trace, result]`` -> ``[result]``, the tracer and
+    profiler set back exactly as they were (after daifu's frame has returned,
+    so neither sees its return)."""
     trace_off, profile_off = Label(), Label()
     return [
-        _instr("SWAP", 2, _NOWHERE),  # profile, result, trace
+        _instr("SWAP", 2, _NOWHERE),  # sys, profile, result, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, trace_off, _NOWHERE),
-        *_callable(_load_sys("settrace"), _NOWHERE),
+        *_sys_callable([_attr("settrace", _NOWHERE)], 4),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         trace_off,
         _instr("POP_TOP", loc=_NOWHERE),
-        _instr("SWAP", 2, _NOWHERE),  # result, profile
+        _instr("SWAP", 2, _NOWHERE),  # sys, result, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, profile_off, _NOWHERE),
-        *_callable(_load_sys("setprofile"), _NOWHERE),
+        *_sys_callable([_attr("setprofile", _NOWHERE)], 3),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         profile_off,
+        _instr("POP_TOP", loc=_NOWHERE),
+        _instr("SWAP", 2, _NOWHERE),  # result, sys
         _instr("POP_TOP", loc=_NOWHERE),
     ]
 
@@ -258,31 +270,35 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool)
 
 def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, label_for, hooks,
                 generator: bool) -> None:
-    fallback, traced_fallback, answered = Label(), Label(), Label()
+    fallback, fallback_sys, traced_fallback, answered = Label(), Label(), Label(), Label()
     on_raise, on_other = Label(), Label()
     # stack on entry: ..., lasti, exc, ref (the cell's constant)
     guard_key = (fallback, False, b + 3)  # any failure in the stub: re-raise the original
-    traced_key = (traced_fallback, False, b + 5)  # the barrier call, tracing suspended
+    sys_key = (fallback_sys, False, b + 4)  # (the same, with sys on the stack)
+    traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
-    # stack: ..., lasti, exc, ref, profile, trace
+    # stack: ..., lasti, exc, ref, sys, profile, trace
     call = [
-        *_callable(_load_barrier(hooks, loc), loc),
-        _instr("COPY", 6, loc),  # exc
-        _instr("COPY", 6, loc),  # ref
-        _instr("COPY", 9, loc),  # lasti
+        *_sys_callable(_barrier_path(hooks, loc), 3, loc),
+        _instr("COPY", 7, loc),  # exc
+        _instr("COPY", 7, loc),  # ref
+        _instr("COPY", 10, loc),  # lasti
     ]
     for _ in range(b):  # the whole stack below the cell, slot 0 first
-        call.append(_instr("COPY", b + 10, loc))
+        call.append(_instr("COPY", b + 11, loc))
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
-    # ..., lasti, exc, ref, profile, trace, answer -> ..., lasti, exc, ref, answer
-    body = [answered, *_restore_tracing()]
+    # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
+    restore = [answered, *_restore_tracing()]
+    body: list = []
 
     def branch(code: int, target: Label) -> list:
         return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
                 _instr("COMPARE_OP", Compare.EQ, loc),
                 _instr(POP_JUMP_IF_TRUE, target, loc)]
 
+    # re-raise first: the answer to every exception the program handles
+    body += branch(RAISE_CODE, on_raise)
     # (label, values to pop, where to go, the jump's exception-table entry)
     jumps: list[tuple[Label, int, Label, EntryKey | None]] = []
     for run in members:
@@ -300,7 +316,6 @@ def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, lab
             lab = Label()
             jumps.append((lab, pops, dest, key))
             body += branch(jump_answer(cell.index, code), lab)
-    body += branch(RAISE_CODE, on_raise)
     # a tuple: (exception,) raises it here; (function, args) continues in new code
     body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
              _instr("COMPARE_OP", Compare.EQ, loc),
@@ -308,8 +323,10 @@ def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, lab
     if generator:  # no continuation in new code for a generator's frame
         body.append(_instr("JUMP_FORWARD", on_raise, loc))
     items.append(_Item(label=head))
-    items.extend(_items(_suspend_tracing(), guard_key))
+    items.extend(_items(_import_sys(), guard_key))
+    items.extend(_items(_suspend_tracing(), sys_key))
     items.extend(_items(call, traced_key))
+    items.extend(_items(restore, sys_key))
     items.extend(_items(body, guard_key))
     if not generator:
         # continue in new code (a reload changed this very function): call the
@@ -344,6 +361,8 @@ def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, lab
     items.append(_Item(label=traced_fallback))
     items.extend(_items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
                          _instr("JUMP_BACKWARD", answered, loc)], guard_key))
+    items.append(_Item(label=fallback_sys))
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
     items.append(_Item(label=fallback))
     items.append(_Item(_instr("POP_TOP", loc=loc), entry))
     items.append(_Item(_instr("POP_TOP", loc=loc), entry))
