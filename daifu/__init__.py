@@ -40,6 +40,7 @@ from .engine import (
     all_ranks,
     replace,
 )
+from .engine._checkpoint import load_checkpoint, restore_rng
 from .engine._rules import Rule, Where
 
 __version__ = "0.1.0"
@@ -148,9 +149,11 @@ __all__ = [
     "UnsupportedPythonWarning",
     "all_ranks",
     "install",
+    "load_checkpoint",
     "load_ipython_extension",
     "on",
     "replace",
+    "restore_rng",
     "uninstall",
     "unload_ipython_extension",
     "vaccinate",

@@ -309,6 +309,46 @@ def test_what_the_first_crash_imports_is_imported_off_its_path(tmp_path):
     assert off.returncode == 0 and off.stdout.splitlines()[:2] == ["[]", "[]"], off.stderr
 
 
+def test_the_programs_random_numbers_are_its_own_across_the_preload_and_a_crash(tmp_path):
+    # rich.style calls random.getrandbits(24) when it is imported, and
+    # structlog imports rich: a seeded program drew other numbers under daifu
+    # from the first crash (or the preload) on than under python
+    (tmp_path / "rnd.py").write_text(textwrap.dedent('''
+        import random, time
+        random.seed(1234)
+        def main():
+            out = []
+            for i in range(6):
+                out.append(random.random())
+                if i == 2:
+                    time.sleep(0.8)  # the preload runs meanwhile
+                if i == 4:
+                    d = 0
+                    out.append(1 / d if d else -1.0)  # (no crash: the same under python)
+            try:
+                int("x")
+            except ValueError:
+                pass
+            return out
+        print(main())
+        def crash(k):
+            for _ in range(1):
+                return 1 / k
+        print(crash(int(__import__("sys").argv[1])), random.random())
+    '''))
+    (tmp_path / "fix.py").write_text("import daifu\n@daifu.on(ZeroDivisionError)\n"
+                                     "def fix(crash):\n    crash.vars['k'] = 1\n"
+                                     "    return daifu.RETRY\n")
+    plain = python(["rnd.py", "1"], cwd=tmp_path)
+    # a crash (recovered by the rule) after the preload, and one without it
+    got = daifu(["--fixes", "fix.py", "rnd.py", "0"], cwd=tmp_path,
+                env={"DAIFU_PRELOAD": "0.2"})
+    assert got.returncode == 0 and got.stdout == plain.stdout, got.stderr
+    crashed = daifu(["--fixes", "fix.py", "rnd.py", "0"], cwd=tmp_path,
+                    env={"DAIFU_PRELOAD": "0"})
+    assert crashed.returncode == 0 and crashed.stdout == plain.stdout, crashed.stderr
+
+
 def test_a_fork_during_the_preload_waits_for_it(tmp_path):
     # a fork while the preload thread holds an import lock would leave the
     # child a lock nobody releases: the child of a DataLoader-style fork

@@ -150,6 +150,19 @@ class ExceptionMemo:
             self._ids.clear()
 
 
+#: emergency checkpoints one process writes at most (a program that keeps
+#: catching crashes daifu gave up on must not fill the disk)
+MAX_CHECKPOINTS = 3
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    try:
+        return data is not None and data.get_worker_info() is not None
+    except Exception:
+        return False
+
+
 class Engine:
     """One per process (``ENGINE``)."""
 
@@ -175,6 +188,13 @@ class Engine:
         #: ``up`` then ``retry``): id(exception) -> (exception, caller frame,
         #: patch); the exception is handed up to that frame's barrier
         self._forward: dict[int, tuple[BaseException, types.FrameType, DecisionPatch]] = {}
+        #: the emergency checkpoint when a crash is given up (``_checkpoint``):
+        #: on unless ``--no-checkpoint``; None: the default directory
+        self.checkpoint = os.environ.get("DAIFU_CHECKPOINT", "1").strip().lower() not in (
+            "0", "false", "no", "off")
+        self.checkpoint_dir: str | None = os.environ.get("DAIFU_CHECKPOINT_DIR") or None
+        #: paths of the emergency checkpoints written (at most MAX_CHECKPOINTS)
+        self.checkpoints: list[str] = []
 
     # -- called from the stubs ---------------------------------------------------
 
@@ -224,7 +244,8 @@ class Engine:
         if not recovered and not died:
             return None
         return RunSummary(crashes=recovered + died, recovered=recovered, gave_up=died,
-                          handled_by_program=max(self.stats["gave_up"] - died, 0))
+                          handled_by_program=max(self.stats["gave_up"] - died, 0),
+                          checkpoint=self.checkpoints[-1] if self.checkpoints else None)
 
     def _count(self, name: str, n: int) -> None:
         with self._lock:
@@ -421,6 +442,38 @@ class Engine:
         self._count("gave_up", 1)
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
                          attempt=crash.attempt))
+        if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
+            self.save_checkpoint(crash)
+
+    def save_checkpoint(self, crash: Crash, path: str | None = None) -> str | None:
+        """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``);
+        its path, or None (nothing to save, or it failed: an event says which)."""
+        from ..cells import read_locals
+        from ._checkpoint import CheckpointError, save
+        from ._events import CheckpointFailed, CheckpointNote, CheckpointSaved
+
+        if path is None and _in_dataloader_worker():
+            return None  # (a worker's copy of the model is not the job's state)
+        def say(line: str) -> None:
+            emit(CheckpointNote(where=crash.where, message=line))
+
+        try:
+            done = save(crash.frame, crash.where, crash.exception, self.checkpoint_dir, path,
+                        read_locals=read_locals, say=say)
+        except CheckpointError as exc:
+            emit(CheckpointFailed(where=crash.where, reason=str(exc)))
+            return None
+        except Exception as exc:  # daifu must never make a crash worse
+            emit(CheckpointFailed(where=crash.where,
+                                  reason=f"internal error: {type(exc).__name__}: {exc}"))
+            return None
+        if done is None:
+            return None
+        self.checkpoints.append(done["path"])
+        emit(CheckpointSaved(where=crash.where, path=done["path"], bytes=done["bytes"],
+                             seconds=round(done["seconds"], 3), objects=done["objects"],
+                             position=done["position"]))
+        return done["path"]
 
     # -- patches ---------------------------------------------------------------
 

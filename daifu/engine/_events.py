@@ -176,6 +176,42 @@ class RunSummary(Event):
     recovered: int
     gave_up: int
     handled_by_program: int = 0
+    #: the emergency checkpoint written when a crash was given up
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Event):
+    """A crash was given up: the training state was saved (``_checkpoint``);
+    ``daifu.load_checkpoint(path)`` reads it."""
+
+    event: ClassVar[str] = "checkpoint.saved"
+    level: ClassVar[str] = "warning"
+    where: str
+    path: str
+    bytes: int
+    seconds: float
+    objects: dict
+    position: dict
+
+
+@dataclass(frozen=True)
+class CheckpointNote(Event):
+    """Said while saving: the state is large (with an estimate), or one object's
+    ``state_dict()`` failed."""
+
+    event: ClassVar[str] = "checkpoint.note"
+    level: ClassVar[str] = "warning"
+    where: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckpointFailed(Event):
+    event: ClassVar[str] = "checkpoint.failed"
+    level: ClassVar[str] = "error"
+    where: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -294,19 +330,62 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
+#: the ``random`` functions a module may call when it is imported
+_RANDOM_FUNCTIONS = ("random", "getrandbits", "randint", "randrange", "choice", "choices",
+                     "shuffle", "sample", "uniform", "gauss", "normalvariate", "randbytes",
+                     "seed", "getstate", "setstate")
+
+
+@contextlib.contextmanager
+def program_random_untouched() -> Iterator[None]:
+    """Imports daifu makes (structlog, and through it ``rich``, whose
+    ``rich.style`` calls ``random.getrandbits`` at import) must not draw from
+    the program's global ``random`` generator: a seeded program would get
+    other numbers under daifu than under python.  While the block runs, the
+    module-level ``random`` functions give this thread a private generator
+    and every other thread (the program's) the program's own, untouched."""
+    import random
+
+    me = threading.get_ident()
+    private = random.Random()
+    swapped: dict[str, tuple[Any, Any]] = {}
+    for name in _RANDOM_FUNCTIONS:
+        original = getattr(random, name, None)
+        if original is None:
+            continue
+
+        def wrapper(*args: Any, _original: Any = original, _name: str = name,
+                    **kw: Any) -> Any:
+            if threading.get_ident() == me:
+                return getattr(private, _name)(*args, **kw)
+            return _original(*args, **kw)
+
+        wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
+        swapped[name] = (original, wrapper)
+        setattr(random, name, wrapper)
+    try:
+        yield
+    finally:
+        for name, (original, wrapper) in swapped.items():
+            if getattr(random, name, None) is wrapper:
+                setattr(random, name, original)
+
+
 def warm() -> None:
     """Import what building the logger imports (``_preload``)."""
-    import importlib.metadata  # noqa: F401 - see the module docstring
+    with program_random_untouched():
+        import importlib.metadata  # noqa: F401 - see the module docstring
 
-    import structlog
+        import structlog
 
-    structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
+        structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
 
 
 def _build(sink: _Sink) -> Any:
-    import importlib.metadata  # noqa: F401 - see the module docstring
+    with program_random_untouched():
+        import importlib.metadata  # noqa: F401 - see the module docstring
 
-    import structlog
+        import structlog
 
     as_json = sink.json if sink.json is not None else not _is_tty(sink.stream)
     if as_json:

@@ -23,6 +23,8 @@
 | DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
 | DAIFU_CACHE          | --no-cache (=0)  | code cache: a directory, 0 (off) or 1 (on); default |
 |                      |                  | ~/.cache/daifu (written under python -B too)        |
+| DAIFU_CHECKPOINT     | --no-checkpoint  | 0: no emergency checkpoint when a crash is given up |
+| DAIFU_CHECKPOINT_DIR | --checkpoint-dir | where it goes (~/.local/state/daifu/checkpoints)    |
 | DAIFU_PRELOAD        |                  | seconds after start-up to import what a crash needs |
 |                      |                  | (in a daemon thread; default 2), 0: at the crash    |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
@@ -96,6 +98,9 @@ class Config:
     journal: str | None = None
     replay: str | None = None
     cache: str = ""
+    #: the emergency checkpoint when a crash is given up (engine/_checkpoint.py)
+    checkpoint: bool = True
+    checkpoint_dir: str = ""
     matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
 
     @classmethod
@@ -114,6 +119,8 @@ class Config:
         if env.get("DAIFU_LAZY", "").strip():
             cfg.lazy, cfg.eager = _switch(env, "DAIFU_LAZY", True), False
         cfg.console = _switch(env, "DAIFU_CONSOLE", True)
+        cfg.checkpoint = _switch(env, "DAIFU_CHECKPOINT", True)
+        cfg.checkpoint_dir = env.get("DAIFU_CHECKPOINT_DIR", "")
         peer = env.get("DAIFU_PEER_TIMEOUT")
         if peer is not None:
             try:
@@ -195,6 +202,11 @@ class Config:
             os.environ["DAIFU_DUMP"] = self.dump
         if self.main:
             os.environ["DAIFU_MAIN"] = self.main
+        if not self.checkpoint:
+            os.environ["DAIFU_CHECKPOINT"] = "0"
+        if self.checkpoint_dir:
+            os.environ["DAIFU_CHECKPOINT_DIR"] = os.path.abspath(
+                os.path.expanduser(self.checkpoint_dir))
         os.environ["DAIFU_WAIT"] = "inf" if self.wait is None else f"{self.wait:g}"
         if not self.console:
             os.environ["DAIFU_CONSOLE"] = "0"
@@ -216,6 +228,9 @@ class Config:
         options.dump = self.dump
         options.cache = self.code_cache()
         ENGINE.max_attempts = self.max_attempts
+        ENGINE.checkpoint = self.checkpoint
+        ENGINE.checkpoint_dir = os.path.abspath(os.path.expanduser(self.checkpoint_dir)) \
+            if self.checkpoint_dir else None
 
     def setup_engine(self, script: str | None, interactive: bool,
                      console: bool | None = None) -> None:

@@ -58,6 +58,7 @@ environment variables (options override them; child processes inherit them):
   DAIFU_FIXES         rules files, separated by ':'
   DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
   DAIFU_PRELOAD=S     import what a crash needs S seconds after start (default 2; 0: at the crash)
+  DAIFU_CHECKPOINT=0  like --no-checkpoint;  DAIFU_CHECKPOINT_DIR  like --checkpoint-dir
   DAIFU_LOG           write events as JSON lines to this file
   DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
   DAIFU_STRICT=1      a function that cannot be vaccinated is an error
@@ -129,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="rewrite vaccinated code at every start instead of using the code "
                         "cache (~/.cache/daifu)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="where the emergency checkpoint goes when a crash is given up "
+                        "(default ~/.local/state/daifu/checkpoints)")
+    p.add_argument("--no-checkpoint", action="store_true",
+                   help="do not save the training state when a crash is given up")
     p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
     return p
 
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
                                 log_level=None, strict=False, dump=None, wait=None,
                                 notify=None, no_console=False, journal=None, replay=None,
                                 no_cache=False, unprotected=False, no_lazy=False,
-                                lazy=False)
+                                lazy=False, checkpoint_dir=None, no_checkpoint=False)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
@@ -235,6 +241,10 @@ def main(argv: list[str] | None = None) -> None:
             cfg.lazy = False
         if ns.no_cache:
             cfg.cache = "0"
+        if ns.checkpoint_dir:
+            cfg.checkpoint_dir = ns.checkpoint_dir
+        if ns.no_checkpoint:
+            cfg.checkpoint = False
         cfg.validate()
         for path in cfg.fixes:
             if not os.path.isfile(path):

@@ -1,0 +1,281 @@
+"""The emergency checkpoint: the training state, saved where a crash that
+nobody fixes is about to end the job (just-in-time checkpointing).
+
+daifu holds the crashed frames, alive, when it gives up.  From them and from
+``__main__``'s globals it collects every ``torch.nn.Module``, optimizer, LR
+scheduler and ``GradScaler`` (each object once, named where the program
+holds it: ``model``, ``opt``, ``trainer.model``), the RNG states (python,
+numpy when imported, torch, CUDA when initialised) and the loop position
+(the int and float variables of the frames whose code has a loop), and
+writes one ``torch.load``-able dict::
+
+    {"modules": {name: state_dict}, "optimizers": {...}, "schedulers": {...},
+     "scalers": {...}, "rng": {"python": ..., "numpy": ..., "torch": ...,
+     "cuda": [...]}, "position": {name: value}, "where": ..., "exception": ...,
+     "time": ..., "daifu": version}
+
+atomically (a temporary file in the same directory, then ``rename``), mode
+0600, into ``--checkpoint-dir`` (default ``~/.local/state/daifu/checkpoints``,
+private).  Nothing here runs unless a crash is given up; torch is never
+imported by daifu (no torch in ``sys.modules``: nothing to save).  A program
+with no module or optimizer in reach gets no file: there is no training
+state to lose.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from typing import Any
+
+from .._private import check_private
+
+#: state above this size is announced with an estimate before the save
+LARGE_BYTES = 1 << 30
+#: what the estimate assumes (a local disk)
+WRITE_BYTES_PER_S = 500e6
+
+
+class CheckpointError(Exception):
+    """The checkpoint could not be written (the message says why, in one line)."""
+
+
+def default_directory() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    return os.path.join(base, "daifu", "checkpoints")
+
+
+def _kinds(torch: Any) -> list[tuple[str, tuple[type, ...]]]:
+    optim = torch.optim
+    schedulers = tuple(t for t in (getattr(optim.lr_scheduler, "LRScheduler", None),
+                                   getattr(optim.lr_scheduler, "_LRScheduler", None),
+                                   getattr(optim.lr_scheduler, "ReduceLROnPlateau", None))
+                       if isinstance(t, type))
+    scalers = tuple(t for t in (getattr(getattr(torch, "amp", None), "GradScaler", None),
+                                getattr(getattr(getattr(torch, "cuda", None), "amp", None),
+                                        "GradScaler", None))
+                    if isinstance(t, type))
+    return [("modules", (torch.nn.Module,)), ("optimizers", (optim.Optimizer,)),
+            ("schedulers", schedulers), ("scalers", scalers)]
+
+
+def _kind_of(value: Any, kinds) -> str | None:
+    for kind, types_ in kinds:
+        if types_ and isinstance(value, types_):
+            return kind
+    return None
+
+
+def _frames(frame: types.FrameType | None) -> list[types.FrameType]:
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def _has_loop(code: types.CodeType) -> bool:
+    from ..cells import cells_of, original_code
+
+    info = cells_of(code)
+    if info is not None:
+        return any(c.role == "loop-header" for c in info.cells)
+    import dis
+
+    return any(ins.opname in ("FOR_ITER", "JUMP_BACKWARD") for ins in
+               dis.get_instructions(original_code(code)))
+
+
+def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] | None:
+    """What to save, found from ``frame`` outwards and in ``__main__``; None
+    when torch is not imported or no module or optimizer is in reach."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "nn"):
+        return None
+    kinds = _kinds(torch)
+    found: dict[str, dict[str, Any]] = {k: {} for k, _ in kinds}
+    seen: set[int] = set()
+
+    def take(name: str, value: Any, depth: int) -> None:
+        kind = _kind_of(value, kinds)
+        if kind is not None:
+            if id(value) not in seen:
+                seen.add(id(value))
+                if name in found[kind]:
+                    name = f"{name}#{len(found[kind])}"
+                found[kind][name] = value
+            return
+        # one level into other objects (a trainer holding its model and optimizer)
+        if depth == 0 and not isinstance(value, (type, types.ModuleType, types.FunctionType)):
+            try:
+                attrs = vars(value)
+            except TypeError:
+                return
+            for attr, inner in list(attrs.items())[:200]:
+                if not attr.startswith("__"):
+                    take(f"{name}.{attr}", inner, 1)
+
+    frames = _frames(frame)
+    scopes: list[tuple[types.FrameType | None, dict]] = []
+    for f in frames:
+        try:
+            scopes.append((f, read_locals(f) if read_locals else dict(f.f_locals)))
+        except Exception:
+            continue
+    main = sys.modules.get("__main__")
+    if main is not None:
+        scopes.append((None, dict(vars(main))))
+    for _, names in scopes:
+        for name, value in names.items():
+            if not name.startswith("__"):
+                take(name, value, 0)
+    if not found["modules"] and not found["optimizers"]:
+        return None
+    position: dict[str, Any] = {}
+    for f, names in reversed(scopes):  # outermost loop first
+        if f is None or not _has_loop(f.f_code):
+            continue
+        for name, value in names.items():
+            if type(value) in (int, float) and not name.startswith("_"):
+                key = name if position.get(name, value) == value else \
+                    f"{f.f_code.co_qualname}.{name}"
+                position[key] = value
+    return {"objects": found, "position": position}
+
+
+def _rng(torch: Any) -> dict[str, Any]:
+    import random
+
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            out["numpy"] = numpy.random.get_state()
+        except Exception:
+            pass
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_available() and cuda.is_initialized():
+            out["cuda"] = cuda.get_rng_state_all()
+    except Exception:
+        pass
+    return out
+
+
+def _nbytes(state: Any) -> int:
+    torch = sys.modules["torch"]
+    if isinstance(state, torch.Tensor):
+        return state.element_size() * state.nelement()
+    if isinstance(state, dict):
+        return sum(_nbytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_nbytes(v) for v in state)
+    return 0
+
+
+def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
+         directory: str | None = None, path: str | None = None, read_locals=None,
+         say=None) -> dict[str, Any] | None:
+    """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
+    "objects", "position"}``, or None when there is nothing to save.  Raises
+    ``CheckpointError`` (nothing written) when it cannot be written."""
+    found = collect(frame, read_locals)
+    if found is None:
+        return None
+    torch = sys.modules["torch"]
+    from .. import __version__
+
+    objects = found["objects"]
+    state: dict[str, Any] = {}
+    for kind, named in objects.items():
+        state[kind] = {}
+        for name, obj in named.items():
+            try:
+                state[kind][name] = obj.state_dict()
+            except Exception as exc:  # one object that cannot say its state
+                state[kind][name] = None
+                if say is not None:
+                    say(f"{kind} {name}: state_dict() failed: {type(exc).__name__}: {exc}")
+    state["rng"] = _rng(torch)
+    state["position"] = found["position"]
+    state["where"] = where
+    state["exception"] = (f"{type(exception).__qualname__}: {exception}"
+                          if exception is not None else None)
+    state["time"] = time.time()
+    state["daifu"] = __version__
+    size = _nbytes(state)
+    if size > LARGE_BYTES and say is not None:
+        say(f"saving {size / (1 << 30):.1f} GiB of state: about "
+            f"{size / WRITE_BYTES_PER_S:.0f} s")
+    if path is None:
+        directory = directory or default_directory()
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            if directory == default_directory():
+                check_private(directory, "emergency checkpoints", CheckpointError)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create {directory}: {exc.strerror or exc}") from None
+        main = sys.modules.get("__main__")
+        stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]
+        path = os.path.join(directory, f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                       f"{os.getpid()}.pt")
+    path = os.path.abspath(path)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    started = time.perf_counter()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CheckpointError(f"cannot write the checkpoint {path}: {reason} "
+                              "(nothing was written)") from None
+    except Exception as exc:  # torch.save refused something
+        raise CheckpointError(f"cannot write the checkpoint {path}: {type(exc).__name__}: "
+                              f"{exc} (nothing was written)") from None
+    names = {kind: sorted(named) for kind, named in objects.items() if named}
+    return {"path": path, "bytes": os.path.getsize(path),
+            "seconds": time.perf_counter() - started, "objects": names,
+            "position": found["position"]}
+
+
+def load_checkpoint(path: str, map_location: Any = None) -> dict[str, Any]:
+    """Load an emergency checkpoint written by daifu (``torch.load``; the
+    file holds RNG states and numpy arrays besides tensors, so it is loaded
+    with ``weights_only=False``: load only files you or daifu wrote)."""
+    import torch
+
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def restore_rng(checkpoint: dict[str, Any]) -> None:
+    """Set the RNG states a checkpoint saved (python, numpy, torch, CUDA)."""
+    import random
+
+    import torch
+
+    rng = checkpoint.get("rng") or {}
+    if "python" in rng:
+        random.setstate(rng["python"])
+    if "numpy" in rng:
+        import numpy
+
+        numpy.random.set_state(rng["numpy"])
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

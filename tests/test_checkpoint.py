@@ -1,0 +1,143 @@
+"""The emergency checkpoint: a crash nobody fixes ends the job, and the
+training state is saved first; resuming from it with ``daifu.load_checkpoint``
+gives the parameters of a run that never crashed, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .support import assert_identical, load_params, read_events
+
+pytestmark = pytest.mark.torch
+
+TRAIN = textwrap.dedent('''
+    import argparse, random, sys
+    import torch
+    import torch.nn as nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--resume")
+    p.add_argument("--bug", action="store_true")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    random.seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    EPOCHS, STEPS = 3, 6
+
+    def batch(epoch, step):
+        if args.bug and (epoch, step) == (1, 3):
+            raise KeyError(f"no batch {step} in shard {epoch}")
+        x = torch.randn(16, 4)
+        return x, x.sum(dim=1, keepdim=True) * random.random()
+
+    start_epoch = start_step = 0
+    if args.resume:
+        import daifu
+        ck = daifu.load_checkpoint(args.resume)
+        model.load_state_dict(ck["modules"]["model"])
+        opt.load_state_dict(ck["optimizers"]["opt"])
+        sched.load_state_dict(ck["schedulers"]["sched"])
+        daifu.restore_rng(ck)
+        start_epoch, start_step = ck["position"]["epoch"], ck["position"]["step"]
+
+    def train():
+        for epoch in range(start_epoch, EPOCHS):
+            for step in range(start_step if epoch == start_epoch else 0, STEPS):
+                x, y = batch(epoch, step)
+                loss = (model(x) - y).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sched.step()
+
+    train()
+    torch.save({k: v for k, v in model.state_dict().items()}, args.out)
+''')
+
+
+def _run(args, cwd, env=None, daifu=True):
+    argv = [sys.executable, *(["-m", "daifu"] if daifu else []), *args]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "DAIFU_CONSOLE": "0", **(env or {})})
+
+
+def test_a_crash_given_up_saves_the_state_and_resuming_from_it_is_exact(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {"DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    crashed = _run(["--log-file", "events.jsonl", "train.py", "--bug", "--out", "x.pt"],
+                   tmp_path, env)
+    assert crashed.returncode == 1 and "KeyError: 'no batch 3 in shard 1'" in crashed.stderr
+    events = read_events(tmp_path / "events.jsonl")
+    saved = [e for e in events if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1, events
+    path = saved[0]["path"]
+    assert os.path.dirname(path) == str(tmp_path / "ck")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert saved[0]["objects"] == {"modules": ["model"], "optimizers": ["opt"],
+                                   "schedulers": ["sched"]}
+    assert saved[0]["position"]["epoch"] == 1 and saved[0]["position"]["step"] == 3
+    summary = [e for e in events if e["event"] == "daifu.summary"]
+    assert summary and summary[-1]["checkpoint"] == path  # named in the job's last lines
+    assert not [f for f in os.listdir(tmp_path / "ck") if f.endswith(".tmp")]
+
+    import torch
+
+    ck = torch.load(path, weights_only=False)
+    assert set(ck) >= {"modules", "optimizers", "schedulers", "scalers", "rng", "position",
+                       "where", "exception", "time", "daifu"}
+    assert ck["exception"] == "KeyError: 'no batch 3 in shard 1'"
+    line = TRAIN.splitlines().index("            x, y = batch(epoch, step)") + 1
+    assert ck["where"].endswith(f"train.py:{line}") and {"python", "torch"} <= set(ck["rng"])
+
+    resumed = _run(["train.py", "--resume", path, "--out", "resumed.pt"], tmp_path,
+                   daifu=False)
+    assert resumed.returncode == 0, resumed.stderr
+    reference = _run(["train.py", "--out", "reference.pt"], tmp_path, daifu=False)
+    assert reference.returncode == 0, reference.stderr
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "reference.pt"))
+
+
+def test_no_checkpoint_and_a_directory_that_cannot_be_written(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(TRAIN)
+    off = _run(["--no-checkpoint", "--log-file", "off.jsonl", "train.py", "--bug", "--out",
+                "x.pt"], tmp_path, {"DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")})
+    assert off.returncode == 1 and not (tmp_path / "ck").exists()
+    assert not [e for e in read_events(tmp_path / "off.jsonl")
+                if e["event"].startswith("checkpoint.")]
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # (root writes anywhere: a file where the directory goes)
+        locked.rmdir()
+        locked.write_text("not a directory")
+    failed = _run(["--log-file", "ev.jsonl", "train.py", "--bug", "--out", "x.pt"], tmp_path,
+                  {"DAIFU_CHECKPOINT_DIR": str(locked / "sub")})
+    # the original exception, as without daifu, and one clear line; nothing half-written
+    assert failed.returncode == 1 and "KeyError: 'no batch 3 in shard 1'" in failed.stderr
+    reasons = [e["reason"] for e in read_events(tmp_path / "ev.jsonl")
+               if e["event"] == "checkpoint.failed"]
+    assert len(reasons) == 1 and str(locked) in reasons[0], reasons
+
+
+def test_a_program_without_training_state_gets_no_file(tmp_path):
+    (tmp_path / "plain.py").write_text(textwrap.dedent('''
+        def main():
+            for i in range(3):
+                total = 10 // (1 - i)
+        main()
+    '''))
+    got = _run(["plain.py"], tmp_path, {"DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")})
+    assert got.returncode == 1 and "ZeroDivisionError" in got.stderr
+    assert not (tmp_path / "ck").exists()
