@@ -141,3 +141,41 @@ def test_a_program_without_training_state_gets_no_file(tmp_path):
     got = _run(["plain.py"], tmp_path, {"DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")})
     assert got.returncode == 1 and "ZeroDivisionError" in got.stderr
     assert not (tmp_path / "ck").exists()
+
+
+def test_checkpoint_on_demand_while_the_job_waits(tmp_path):
+    """``send PID checkpoint [PATH]`` (the console's ``checkpoint``) saves the
+    same state while the job waits at a crash; the job goes on waiting."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import time
+
+    from .test_waiting import _wait_for_socket
+
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--wait", "inf", "--no-checkpoint",
+                             "train.py", "--bug", "--out", "x.pt"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "DAIFU_CONSOLE": "0"})
+    try:
+        _wait_for_socket(proc)
+        target = tmp_path / "now.pt"
+        sent = _run(["send", str(proc.pid), "checkpoint", str(target)], tmp_path)
+        assert sent.returncode == 1, sent.stderr  # done; the job still waits
+        assert f"saved {target}" in sent.stdout and "position epoch=1, step=3" in sent.stdout
+        assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+        time.sleep(0.3)
+        assert proc.poll() is None
+        bad = _run(["send", str(proc.pid), "checkpoint", str(tmp_path / "no" / "dir.pt")],
+                   tmp_path)
+        assert bad.returncode == 2 and "nothing was written" in bad.stdout  # (refused)
+        assert _run(["send", str(proc.pid), "abort"], tmp_path).returncode == 1
+        proc.communicate(timeout=60)
+        assert proc.returncode == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    import torch
+
+    ck = torch.load(target, weights_only=False)
+    assert ck["position"]["epoch"] == 1 and set(ck["modules"]) == {"model"}

@@ -42,6 +42,7 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   edit             open $EDITOR at the failing line, then reload
   abort   (a)      give up: the exception continues as without daifu
   pass             no fix here: hand the exception to a vaccinated caller
+  checkpoint [PATH]  save the training state now (modules, optimizers, RNG, position)
   where   (w)      show the crash report again (also: describe)
   bt               the call stack; > marks the frame in focus
   up [N]  (u)      focus on the caller (N frames up): p, vars, !, exec, l act there,
@@ -328,6 +329,14 @@ class Console(cmd.Cmd):
         return True
 
     do_r, do_s, do_n, do_a = do_retry, do_skip, do_next, do_abort
+
+    def do_checkpoint(self, arg: str) -> bool:
+        """checkpoint [PATH]: save the training state now (what a crash given up saves)"""
+        path = os.path.abspath(os.path.expanduser(arg.strip())) if arg.strip() else None
+        saved, message = self.engine.save_checkpoint(self.crash, path)
+        self.ok = saved is not None
+        self.say(message)
+        return False
 
     def do_reload(self, arg: str) -> bool:
         """reload: re-read edited source files and resume in the new code"""
@@ -662,6 +671,9 @@ def _looks_like_code(command: str, arg: str) -> bool:
         return (arg.startswith("=") and not arg.startswith("==")) or \
             (len(arg) > 1 and arg[0] in "+-*/%|&^@<>" and "=" in arg[1:3]
              and not arg[1:3].startswith("=="))
+    if command == "checkpoint":  # a path (`checkpoint /tmp/x.pt`); `checkpoint = 3` assigns
+        return (arg.startswith("=") and not arg.startswith("==")) or \
+            (len(arg) > 1 and arg[0] in "+-*%|&^@<>" and arg[1] == "=")
     return arg.startswith(_CODE_STARTS) and command != "exec"
 
 

@@ -445,15 +445,17 @@ class Engine:
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 
-    def save_checkpoint(self, crash: Crash, path: str | None = None) -> str | None:
-        """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``);
-        its path, or None (nothing to save, or it failed: an event says which)."""
+    def save_checkpoint(self, crash: Crash, path: str | None = None) -> tuple[str | None, str]:
+        """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``):
+        ``(its path, what was saved)``, or ``(None, why not)`` -- nothing in
+        reach to save, or it could not be written (an event says so too)."""
         from ..cells import read_locals
         from ._checkpoint import CheckpointError, save
         from ._events import CheckpointFailed, CheckpointNote, CheckpointSaved
 
         if path is None and _in_dataloader_worker():
-            return None  # (a worker's copy of the model is not the job's state)
+            return None, "a DataLoader worker: its copy of the model is not the job's state"
+
         def say(line: str) -> None:
             emit(CheckpointNote(where=crash.where, message=line))
 
@@ -462,18 +464,21 @@ class Engine:
                         read_locals=read_locals, say=say)
         except CheckpointError as exc:
             emit(CheckpointFailed(where=crash.where, reason=str(exc)))
-            return None
+            return None, str(exc)
         except Exception as exc:  # daifu must never make a crash worse
-            emit(CheckpointFailed(where=crash.where,
-                                  reason=f"internal error: {type(exc).__name__}: {exc}"))
-            return None
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            emit(CheckpointFailed(where=crash.where, reason=reason))
+            return None, reason
         if done is None:
-            return None
+            return None, "nothing to save: no torch module or optimizer is in reach"
         self.checkpoints.append(done["path"])
         emit(CheckpointSaved(where=crash.where, path=done["path"], bytes=done["bytes"],
                              seconds=round(done["seconds"], 3), objects=done["objects"],
                              position=done["position"]))
-        return done["path"]
+        what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in done["objects"].items())
+        where = ", ".join(f"{k}={v}" for k, v in done["position"].items())
+        return done["path"], (f"saved {done['path']} ({done['bytes'] / 1e6:.1f} MB; {what}"
+                              + (f"; position {where}" if where else "") + ")")
 
     # -- patches ---------------------------------------------------------------
 
