@@ -179,3 +179,121 @@ def test_checkpoint_on_demand_while_the_job_waits(tmp_path):
 
     ck = torch.load(target, weights_only=False)
     assert ck["position"]["epoch"] == 1 and set(ck["modules"]) == {"model"}
+
+
+PREEMPTED = textwrap.dedent('''
+    import argparse, sys, time
+    import torch
+    import torch.nn as nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--resume")
+    p.add_argument("--pause", type=float, default=0.05)
+    p.add_argument("--own-handler", action="store_true")
+    args = p.parse_args()
+    if args.own_handler:
+        import signal
+        signal.signal(signal.SIGTERM, lambda *a: (print("my handler", flush=True),
+                                                   sys.exit(7)))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    EPOCHS, STEPS = 2, 40
+    start_epoch, start_step = 0, 0
+    if args.resume:
+        import daifu
+        ck = daifu.load_checkpoint(args.resume)
+        assert ck["state"] == "iteration-complete" and ck["reason"] == "SIGTERM"
+        model.load_state_dict(ck["modules"]["model"])
+        opt.load_state_dict(ck["optimizers"]["opt"])
+        daifu.restore_rng(ck)
+        start_epoch, start_step = ck["position"]["epoch"], ck["position"]["step"] + 1
+
+    def train():
+        for epoch in range(start_epoch, EPOCHS):
+            for step in range(start_step if epoch == start_epoch else 0, STEPS):
+                x = torch.randn(8, 4)
+                loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                print("step", epoch, step, flush=True)
+                time.sleep(args.pause)
+
+    train()
+    torch.save(model.state_dict(), args.out)
+''')
+
+
+def _preempt(tmp_path, args, after_steps=5, env=None):
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--log-file", "events.jsonl",
+                             "train.py", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "DAIFU_CONSOLE": "0",
+                                 "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck"), **(env or {})})
+    assert proc.stdout is not None
+    seen = ""
+    for _ in range(after_steps):
+        seen += proc.stdout.readline()
+        assert seen.splitlines()[-1].startswith("step"), proc.communicate()
+    import signal
+    import time
+
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, seen + out, err, time.monotonic() - sent
+
+
+def test_sigterm_saves_at_the_loops_next_iteration_and_ends_as_python_does(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(PREEMPTED)
+    rc, out, err, _ = _preempt(tmp_path, ["--out", "x.pt"])
+    assert rc == -15, err  # killed by SIGTERM: status 143 in a shell, as under python
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1 and saved[0]["position"]["state"] == "iteration-complete"
+    last = [line for line in out.splitlines() if line.startswith("step")][-1].split()
+    assert (saved[0]["position"]["epoch"], saved[0]["position"]["step"]) == \
+        (int(last[1]), int(last[2]))  # the last step that finished
+    path = saved[0]["path"]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    resumed = _run(["train.py", "--resume", path, "--out", "resumed.pt", "--pause", "0"],
+                   tmp_path, daifu=False)
+    assert resumed.returncode == 0, resumed.stderr
+    reference = _run(["train.py", "--out", "reference.pt", "--pause", "0"], tmp_path,
+                     daifu=False)
+    assert reference.returncode == 0, reference.stderr
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "reference.pt"))
+
+
+def test_sigterm_grace_runs_out_mid_iteration(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(PREEMPTED)
+    rc, out, err, took = _preempt(tmp_path, ["--out", "x.pt", "--pause", "0.3"], after_steps=1,
+                                  env={"DAIFU_GRACE": "0.05"})
+    assert rc == -15 and took < 20, err
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1 and saved[0]["position"]["state"] == "mid-iteration", saved
+
+
+def test_a_programs_own_sigterm_handler_is_kept(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(PREEMPTED)
+    rc, out, err, _ = _preempt(tmp_path, ["--out", "x.pt", "--own-handler"])
+    assert rc == 7 and "my handler" in out, err
+    assert not (tmp_path / "ck").exists()
+
+
+def test_sigterm_without_training_state_ends_at_once(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent('''
+        import time
+        def main():
+            for i in range(1000):
+                print("step", i, flush=True)
+                time.sleep(0.05)
+        main()
+    '''))
+    rc, out, err, took = _preempt(tmp_path, [], after_steps=2)
+    assert rc == -15 and took < 10, err
+    assert not (tmp_path / "ck").exists()

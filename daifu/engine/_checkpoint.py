@@ -178,7 +178,7 @@ def _nbytes(state: Any) -> int:
 
 def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
          directory: str | None = None, path: str | None = None, read_locals=None,
-         say=None) -> dict[str, Any] | None:
+         say=None, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
     "objects", "position"}``, or None when there is nothing to save.  Raises
     ``CheckpointError`` (nothing written) when it cannot be written."""
@@ -206,6 +206,7 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
                           if exception is not None else None)
     state["time"] = time.time()
     state["daifu"] = __version__
+    state.update(extra or {})
     size = _nbytes(state)
     if size > LARGE_BYTES and say is not None:
         say(f"saving {size / (1 << 30):.1f} GiB of state: about "

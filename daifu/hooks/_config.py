@@ -25,6 +25,7 @@
 |                      |                  | ~/.cache/daifu (written under python -B too)        |
 | DAIFU_CHECKPOINT     | --no-checkpoint  | 0: no emergency checkpoint when a crash is given up |
 | DAIFU_CHECKPOINT_DIR | --checkpoint-dir | where it goes (~/.local/state/daifu/checkpoints)    |
+| DAIFU_GRACE          | --grace          | on SIGTERM: seconds to wait for the loop (25)       |
 | DAIFU_PRELOAD        |                  | seconds after start-up to import what a crash needs |
 |                      |                  | (in a daemon thread; default 2), 0: at the crash    |
 | DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
@@ -101,6 +102,8 @@ class Config:
     #: the emergency checkpoint when a crash is given up (engine/_checkpoint.py)
     checkpoint: bool = True
     checkpoint_dir: str = ""
+    #: seconds SIGTERM waits for the training loop's iteration to finish
+    grace: float = 25.0
     matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
 
     @classmethod
@@ -121,6 +124,13 @@ class Config:
         cfg.console = _switch(env, "DAIFU_CONSOLE", True)
         cfg.checkpoint = _switch(env, "DAIFU_CHECKPOINT", True)
         cfg.checkpoint_dir = env.get("DAIFU_CHECKPOINT_DIR", "")
+        grace = env.get("DAIFU_GRACE", "").strip()
+        if grace:
+            try:
+                cfg.grace = float(grace)
+            except ValueError:
+                raise ConfigError(f"DAIFU_GRACE must be a number of seconds, not {grace!r}") \
+                    from None
         peer = env.get("DAIFU_PEER_TIMEOUT")
         if peer is not None:
             try:
@@ -149,6 +159,9 @@ class Config:
         self.matcher = ModuleMatcher.parse(self.modules)
         if self.max_attempts < 1:
             raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
+        if not self.grace >= 0:  # (NaN too)
+            raise ConfigError(f"the grace (--grace, DAIFU_GRACE) must be seconds >= 0, "
+                              f"not {self.grace!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"log level must be debug, info, warning or error, not {self.log_level!r}")
@@ -204,6 +217,7 @@ class Config:
             os.environ["DAIFU_MAIN"] = self.main
         if not self.checkpoint:
             os.environ["DAIFU_CHECKPOINT"] = "0"
+        os.environ["DAIFU_GRACE"] = f"{self.grace:g}"
         if self.checkpoint_dir:
             os.environ["DAIFU_CHECKPOINT_DIR"] = os.path.abspath(
                 os.path.expanduser(self.checkpoint_dir))

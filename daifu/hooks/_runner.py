@@ -59,6 +59,7 @@ environment variables (options override them; child processes inherit them):
   DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
   DAIFU_PRELOAD=S     import what a crash needs S seconds after start (default 2; 0: at the crash)
   DAIFU_CHECKPOINT=0  like --no-checkpoint;  DAIFU_CHECKPOINT_DIR  like --checkpoint-dir
+  DAIFU_GRACE=S       like --grace
   DAIFU_LOG           write events as JSON lines to this file
   DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
   DAIFU_STRICT=1      a function that cannot be vaccinated is an error
@@ -134,7 +135,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the emergency checkpoint goes when a crash is given up "
                         "(default ~/.local/state/daifu/checkpoints)")
     p.add_argument("--no-checkpoint", action="store_true",
-                   help="do not save the training state when a crash is given up")
+                   help="do not save the training state when a crash is given up or the "
+                        "job gets SIGTERM")
+    p.add_argument("--grace", type=float, metavar="S",
+                   help="on SIGTERM, wait up to S seconds (default 25) for the training loop "
+                        "to finish its iteration, save the state, then end")
     p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
     return p
 
@@ -184,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                                 log_level=None, strict=False, dump=None, wait=None,
                                 notify=None, no_console=False, journal=None, replay=None,
                                 no_cache=False, unprotected=False, no_lazy=False,
-                                lazy=False, checkpoint_dir=None, no_checkpoint=False)
+                                lazy=False, checkpoint_dir=None, no_checkpoint=False,
+                                grace=None)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
@@ -245,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.checkpoint_dir = ns.checkpoint_dir
         if ns.no_checkpoint:
             cfg.checkpoint = False
+        if ns.grace is not None:
+            cfg.grace = ns.grace
         cfg.validate()
         for path in cfg.fixes:
             if not os.path.isfile(path):
@@ -274,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
         raise SystemExit(2) from None
     install(config=cfg)
+    if cfg.checkpoint:  # SIGTERM: save at the loop's next iteration, then end as python does
+        from ..engine import _preempt
+
+        _preempt.install(cfg.grace)
     load_fixes(cfg.fixes, fatal=True)
     _install_excepthook()
     atexit.register(_summary)

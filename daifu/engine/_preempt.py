@@ -1,0 +1,150 @@
+"""SIGTERM (a scheduler preempting the job): save the training state at a
+consistent point, then end the way plain python ends on SIGTERM.
+
+SLURM's time limit, a Kubernetes eviction or a spot instance taken back send
+SIGTERM, wait (Kubernetes: 30 s), then kill.  Without a handler python dies
+at once and every step since the last periodic checkpoint is lost.  The
+runner installs this handler (unless ``--no-checkpoint``); a program that
+installs its own SIGTERM handler replaces it, and daifu then does nothing.
+
+On SIGTERM the handler finds, on the main thread's stack, the outermost
+vaccinated frame that runs a loop (``train()``'s ``for epoch`` / ``for
+step``) and waits for that frame to reach one of its loop headers -- the
+current iteration has finished, nothing is half-updated -- through a line
+tracer set on that frame alone (``sys.settrace`` with a global function that
+traces no other frame).  There it saves the checkpoint (``_checkpoint.save``,
+``"state": "iteration-complete"``), and re-sends SIGTERM with the default
+disposition: the process is killed by SIGTERM (status 143 in a shell), as
+without daifu.  If the frame returns first, it saves there.  The wait is
+bounded by ``--grace S`` (default 25 s, under Kubernetes' 30): then a thread
+saves where the program is (``"state": "mid-iteration"``) and ends it.  With
+nothing to save (no torch, no module in reach, no loop on the stack) it ends
+at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import types
+from typing import Any
+
+#: seconds to wait for the loop header after SIGTERM
+DEFAULT_GRACE_S = 25.0
+
+_grace = DEFAULT_GRACE_S
+_handling = False
+_done = threading.Lock()
+
+
+def install(grace: float = DEFAULT_GRACE_S) -> bool:
+    """Handle SIGTERM (main thread only; not over a handler the program set)."""
+    global _grace
+    _grace = grace
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            return False
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _die() -> None:
+    """End as python ends on SIGTERM: killed by the signal."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        else:  # (the grace timer: Python sets handlers on the main thread only)
+            import ctypes
+
+            ctypes.CDLL(None).signal(signal.SIGTERM, 0)  # SIG_DFL
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        os._exit(128 + signal.SIGTERM)  # (not reached: the default action kills)
+
+
+def _loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int]] | None:
+    """The outermost vaccinated frame running a loop, and its loop-header lines."""
+    from ..cells import cells_of
+
+    found = None
+    while frame is not None:
+        info = cells_of(frame.f_code)
+        if info is not None:
+            headers = {c.lineno for c in info.cells if c.role == "loop-header" and c.lineno}
+            if headers:
+                found = (frame, headers)
+        frame = frame.f_back
+    return found
+
+
+def _save(frame: types.FrameType | None, state: str) -> None:
+    from ..cells import read_locals
+    from ._checkpoint import CheckpointError, save
+    from ._engine import ENGINE
+    from ._events import CheckpointFailed, CheckpointSaved, emit
+
+    where = (f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?")
+    try:
+        done = save(frame, where, None, ENGINE.checkpoint_dir, read_locals=read_locals,
+                    extra={"reason": "SIGTERM", "state": state})
+    except CheckpointError as exc:
+        emit(CheckpointFailed(where=where, reason=str(exc)))
+        return
+    except Exception as exc:  # never keep a preempted job alive
+        emit(CheckpointFailed(where=where, reason=f"internal error: {type(exc).__name__}: {exc}"))
+        return
+    if done is not None:
+        ENGINE.checkpoints.append(done["path"])
+        emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
+                             seconds=round(done["seconds"], 3), objects=done["objects"],
+                             position={**done["position"], "state": state}))
+
+
+def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+    global _handling
+    if _handling:
+        return  # (a second SIGTERM while waiting: the grace timer ends it)
+    _handling = True
+    target = _loop_frame(frame) if "torch" in sys.modules else None
+    if target is None:
+        _die()
+        return
+    loop, headers = target
+    main = threading.get_ident()
+
+    def finish(at: types.FrameType | None, state: str) -> None:
+        if not _done.acquire(blocking=False):
+            return  # (the other path is saving)
+        _save(at, state)
+        _die()
+
+    def on_line(f: types.FrameType, event: str, arg: Any):
+        if event == "return" or (event == "line" and f.f_lineno in headers):
+            sys.settrace(None)
+            f.f_trace = None
+            finish(f, "iteration-complete")
+            return None
+        return on_line
+
+    def grace_over() -> None:
+        frames = sys._current_frames()
+        finish(frames.get(main), "mid-iteration")
+
+    timer = threading.Timer(_grace, grace_over)
+    timer.daemon = True
+    timer.start()
+    loop.f_trace_lines = True
+    loop.f_trace = on_line
+    sys.settrace(lambda f, e, a: None)  # (line events for ``loop`` only)
