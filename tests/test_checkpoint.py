@@ -297,3 +297,110 @@ def test_sigterm_without_training_state_ends_at_once(tmp_path):
     rc, out, err, took = _preempt(tmp_path, [], after_steps=2)
     assert rc == -15 and took < 10, err
     assert not (tmp_path / "ck").exists()
+
+
+LIGHTNING = textwrap.dedent('''
+    import argparse, warnings
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--resume")
+    p.add_argument("--bug", action="store_true")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            weights = {step: 1.0 for step in range(5 if args.bug else 100)}
+            x, y = batch
+            return F.cross_entropy(self.lin(x), y) * weights[self.global_step]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    L.seed_everything(0, verbose=False)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(Net(), DataLoader(data, batch_size=8), ckpt_path=args.resume)
+    print("global_step", trainer.global_step)
+''')
+
+HF = textwrap.dedent('''
+    import argparse, os, warnings
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--resume")
+    p.add_argument("--bug", action="store_true")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+
+    class Sequences(Dataset):
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(1)
+            self.ids = torch.randint(3, 40, (n, 12), generator=g)
+        def __len__(self):
+            return len(self.ids)
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.ids[i, 0] % 3}
+
+    class Buggy(Trainer):
+        def compute_loss(self, model, inputs, *a, **kw):
+            if args.bug and self.state.global_step == 3:
+                raise KeyError("no loss weight for step 3")
+            return super().compute_loss(model, inputs, *a, **kw)
+
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(0)
+    training = TrainingArguments(output_dir="hf-out", max_steps=8, per_device_train_batch_size=8,
+                                 save_strategy="no", logging_strategy="no", report_to=[],
+                                 use_cpu=True, seed=0, disable_tqdm=True)
+    trainer = Buggy(model=BertForSequenceClassification(config), args=training,
+                    train_dataset=Sequences(64))
+    trainer.train(resume_from_checkpoint=args.resume)
+    print("global_step", trainer.state.global_step)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["lightning", "transformers"])
+def test_a_trainer_on_the_stack_saves_its_own_checkpoint_to_resume_from(tmp_path, framework):
+    """A Lightning or HF ``Trainer`` on the crashed stack is asked for its own
+    checkpoint too, so that ``fit(ckpt_path=...)`` / ``train(
+    resume_from_checkpoint=...)`` resume from the crash point."""
+    pytest.importorskip("lightning" if framework == "lightning" else "transformers",
+                        reason=f"{framework} not installed")
+    (tmp_path / "train.py").write_text(LIGHTNING if framework == "lightning" else HF)
+    crashed = _run(["--log-file", "events.jsonl", "train.py", "--bug"], tmp_path,
+                   {"DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")})
+    assert crashed.returncode == 1 and "KeyError" in crashed.stderr, crashed.stderr[-3000:]
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1 and framework in saved[0]["frameworks"], saved
+    own = saved[0]["frameworks"][framework]
+    assert os.path.exists(own) and os.path.exists(saved[0]["path"])
+    step = 5 if framework == "lightning" else 3
+    if framework == "lightning":
+        import torch
+
+        assert torch.load(own, weights_only=False)["global_step"] == step
+        assert stat.S_IMODE(os.stat(own).st_mode) == 0o600
+    else:
+        assert own.endswith(f"checkpoint-{step}") and os.path.isfile(
+            os.path.join(own, "trainer_state.json"))
+    resumed = _run(["train.py", "--resume", own], tmp_path, daifu=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.split()[-1] == ("16" if framework == "lightning" else "8")

@@ -69,6 +69,59 @@ def _kind_of(value: Any, kinds) -> str | None:
     return None
 
 
+def _framework_of(value: Any) -> str | None:
+    """"lightning" for a Lightning ``Trainer``, "transformers" for an HF one."""
+    cls = type(value)
+    module = getattr(cls, "__module__", "") or ""
+    if cls.__name__ == "Trainer" and module.startswith(("lightning.pytorch", "pytorch_lightning")):
+        return "lightning" if hasattr(value, "save_checkpoint") else None
+    hf = sys.modules.get("transformers.trainer")
+    hf_trainer = getattr(hf, "Trainer", None) if hf is not None else None
+    if isinstance(hf_trainer, type) and isinstance(value, hf_trainer):
+        return "transformers" if hasattr(value, "_save_checkpoint") else None
+    return None
+
+
+def _trainer_state(framework: str, trainer: Any) -> list[tuple[str, Any]]:
+    """What a framework's trainer holds deeper than one attribute down."""
+    out: list[tuple[str, Any]] = []
+    try:
+        if framework == "lightning":
+            out.append(("lightning_module", trainer.lightning_module))
+            out += [(f"optimizers[{i}]", o) for i, o in enumerate(trainer.optimizers or ())]
+            out += [(f"lr_scheduler_configs[{i}].scheduler", c.scheduler)
+                    for i, c in enumerate(trainer.lr_scheduler_configs or ())]
+        else:
+            out += [("model", trainer.model), ("optimizer", trainer.optimizer),
+                    ("lr_scheduler", trainer.lr_scheduler)]
+    except Exception:
+        pass
+    return [(attr, value) for attr, value in out if value is not None]
+
+
+def _framework_checkpoints(trainers: dict[str, Any], path: str, say=None) -> dict[str, str]:
+    """Ask a Lightning or HF ``Trainer`` found on the stack to save its own
+    checkpoint too, so that ``fit(ckpt_path=...)`` / ``train(resume_from_checkpoint=
+    ...)`` resume from the crash point; their paths, by framework."""
+    out: dict[str, str] = {}
+    for framework, trainer in trainers.items():
+        try:
+            if framework == "lightning":
+                target = os.path.splitext(path)[0] + "-lightning.ckpt"
+                trainer.save_checkpoint(target)
+                os.chmod(target, 0o600)  # (like ours: it holds the model)
+            else:  # the HF Trainer's own periodic save: output_dir/checkpoint-<step>
+                trainer._save_checkpoint(trainer.model, trial=None)
+                target = os.path.join(trainer.args.output_dir,
+                                      f"checkpoint-{trainer.state.global_step}")
+            out[framework] = os.path.abspath(target)
+        except Exception as exc:  # our own file is written: report and go on
+            if say is not None:
+                say(f"the {framework} Trainer's own checkpoint failed: "
+                    f"{type(exc).__name__}: {exc}")
+    return out
+
+
 def _frames(frame: types.FrameType | None) -> list[types.FrameType]:
     out = []
     while frame is not None:
@@ -99,7 +152,17 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
     found: dict[str, dict[str, Any]] = {k: {} for k, _ in kinds}
     seen: set[int] = set()
 
+    trainers: dict[str, Any] = {}
+
     def take(name: str, value: Any, depth: int) -> None:
+        framework = _framework_of(value)
+        if framework is not None and framework not in trainers:
+            trainers[framework] = value
+            for attr, inner in _trainer_state(framework, value):
+                take(f"{name}.{attr}", inner, 1)
+        inner = getattr(value, "_optimizer", None)  # Lightning's wrapper of the optimizer
+        if inner is not None and _kind_of(inner, kinds) == "optimizers":
+            value = inner
         kind = _kind_of(value, kinds)
         if kind is not None:
             if id(value) not in seen:
@@ -128,10 +191,15 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
     main = sys.modules.get("__main__")
     if main is not None:
         scopes.append((None, dict(vars(main))))
-    for _, names in scopes:
+    # the names the program gives its objects first: __main__'s globals, then
+    # the frames from the outermost in; ``self`` of a method last
+    for _, names in reversed(scopes):
         for name, value in names.items():
-            if not name.startswith("__"):
+            if not name.startswith("__") and name != "self":
                 take(name, value, 0)
+    for f, names in scopes:
+        if "self" in names and f is not None:
+            take(type(names["self"]).__name__, names["self"], 0)
     if not found["modules"] and not found["optimizers"]:
         return None
     position: dict[str, Any] = {}
@@ -143,7 +211,7 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
                 key = name if position.get(name, value) == value else \
                     f"{f.f_code.co_qualname}.{name}"
                 position[key] = value
-    return {"objects": found, "position": position}
+    return {"objects": found, "position": position, "trainers": trainers}
 
 
 def _rng(torch: Any) -> dict[str, Any]:
@@ -249,9 +317,10 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
         raise CheckpointError(f"cannot write the checkpoint {path}: {type(exc).__name__}: "
                               f"{exc} (nothing was written)") from None
     names = {kind: sorted(named) for kind, named in objects.items() if named}
-    return {"path": path, "bytes": os.path.getsize(path),
-            "seconds": time.perf_counter() - started, "objects": names,
-            "position": found["position"]}
+    seconds = time.perf_counter() - started
+    frameworks = _framework_checkpoints(found["trainers"], path, say)
+    return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
+            "objects": names, "position": found["position"], "frameworks": frameworks}
 
 
 def load_checkpoint(path: str, map_location: Any = None) -> dict[str, Any]:

@@ -474,11 +474,12 @@ class Engine:
         self.checkpoints.append(done["path"])
         emit(CheckpointSaved(where=crash.where, path=done["path"], bytes=done["bytes"],
                              seconds=round(done["seconds"], 3), objects=done["objects"],
-                             position=done["position"]))
+                             position=done["position"], frameworks=done["frameworks"]))
         what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in done["objects"].items())
         where = ", ".join(f"{k}={v}" for k, v in done["position"].items())
+        also = "".join(f"; the {k} Trainer's own: {v}" for k, v in done["frameworks"].items())
         return done["path"], (f"saved {done['path']} ({done['bytes'] / 1e6:.1f} MB; {what}"
-                              + (f"; position {where}" if where else "") + ")")
+                              + (f"; position {where}" if where else "") + also + ")")
 
     # -- patches ---------------------------------------------------------------
 

@@ -193,6 +193,8 @@ class CheckpointSaved(Event):
     seconds: float
     objects: dict
     position: dict
+    #: the checkpoints a Lightning or HF Trainer on the stack saved itself
+    frameworks: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

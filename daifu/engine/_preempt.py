@@ -109,7 +109,8 @@ def _save(frame: types.FrameType | None, state: str) -> None:
         ENGINE.checkpoints.append(done["path"])
         emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
                              seconds=round(done["seconds"], 3), objects=done["objects"],
-                             position={**done["position"], "state": state}))
+                             position={**done["position"], "state": state},
+                             frameworks=done["frameworks"]))
 
 
 def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
