@@ -136,10 +136,11 @@ def _has_loop(code: types.CodeType) -> bool:
     info = cells_of(code)
     if info is not None:
         return any(c.role == "loop-header" for c in info.cells)
-    import dis
+    raw = original_code(code).co_code
+    return any(op in _LOOP_OPS for op in raw[::2])
 
-    return any(ins.opname in ("FOR_ITER", "JUMP_BACKWARD") for ins in
-               dis.get_instructions(original_code(code)))
+
+_LOOP_OPS = frozenset(__import__("dis").opmap[name] for name in ("FOR_ITER", "JUMP_BACKWARD"))
 
 
 def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] | None:
