@@ -404,3 +404,36 @@ def test_a_trainer_on_the_stack_saves_its_own_checkpoint_to_resume_from(tmp_path
     resumed = _run(["train.py", "--resume", own], tmp_path, daifu=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.split()[-1] == ("16" if framework == "lightning" else "8")
+
+
+def test_a_full_disk_leaves_no_partial_file_and_says_so_in_one_line(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    import errno
+
+    from daifu.engine import _checkpoint
+
+    model = torch.nn.Linear(3, 3)  # noqa: F841 - found in this frame
+    real = torch.save
+
+    def full(obj, fh, *a, **kw):
+        real(obj, fh, *a, **kw)  # (part of it reached the disk)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(_checkpoint.CheckpointError) as err:
+        _checkpoint.save(sys._getframe(), "here", None, directory=str(tmp_path))
+    assert "No space left on device" in str(err.value) and "nothing was written" in str(err.value)
+    assert "\n" not in str(err.value) and os.listdir(tmp_path) == []
+
+
+def test_large_state_is_announced_with_an_estimate(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    from daifu.engine import _checkpoint
+
+    model = torch.nn.Linear(64, 64)  # noqa: F841 - found in this frame
+    monkeypatch.setattr(_checkpoint, "LARGE_BYTES", 1000)
+    said: list[str] = []
+    done = _checkpoint.save(sys._getframe(), "here", None, directory=str(tmp_path),
+                            say=said.append)
+    assert done is not None and done["objects"] == {"modules": ["model"]}
+    assert len(said) == 1 and said[0].startswith("saving 0.0 GiB of state: about")
