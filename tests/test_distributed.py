@@ -341,3 +341,63 @@ def test_two_jobs_launched_alike_on_one_machine_stay_apart(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+HUNG = textwrap.dedent('''
+    import os, time
+    import torch
+    import torch.distributed as dist
+
+    def slow_data():
+        time.sleep(60)  # rank 1 is stuck here; rank 0 waits in the all_reduce
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        for step in range(1):
+            print(f"rank {rank} ready", flush=True)
+            if rank == 1:
+                slow_data()
+            dist.all_reduce(torch.ones(1))
+
+    main()
+''')
+
+
+def test_stacks_of_a_hung_job_name_the_rank_that_is_behind(tmp_path):
+    """``python -m daifu stacks --job PID`` while rank 0 waits in an
+    all_reduce (blocked in gloo) and rank 1 is elsewhere."""
+    import json
+    import time
+
+    (tmp_path / "hung.py").write_text(HUNG)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2", "-m", "daifu", "hung.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        ranks: dict = {}
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            listed = json.loads(run_daifu(["ps", "--json"], cwd=tmp_path).stdout or "[]")
+            ranks = {j["rank"]: j["pid"] for j in listed
+                     if "hung.py" in " ".join(map(str, j.get("argv", []))) and "rank" in j}
+        assert len(ranks) == 2, ranks
+        time.sleep(3)  # (both past init: rank 0 in the all_reduce)
+        got = run_daifu(["stacks", "--job", ranks[0]], cwd=tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert "=== rank 0" in got.stdout and "=== rank 1" in got.stdout
+        assert "rank 1 is elsewhere (behind)" in got.stdout, got.stdout
+        assert "in slow_data" in got.stdout.split("elsewhere (behind):")[1]
+    finally:
+        import signal
+
+        for pid in ranks.values():  # (torchrun starts its ranks in sessions of their own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()

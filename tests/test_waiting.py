@@ -272,3 +272,33 @@ def test_ps_shows_the_ranks_of_a_distributed_job_together(tmp_path):
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def test_stacks_of_a_running_job_blocked_in_c(tmp_path):
+    """``python -m daifu stacks PID``: every thread's stack of a job that has
+    not crashed, while its main thread is blocked in C (a sleep here)."""
+    (tmp_path / "blocked.py").write_text(
+        "import threading, time\n"
+        "def worker():\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "def main():\n"
+        "    threading.Thread(target=worker, daemon=True).start()\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "main()\n")
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "blocked.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        got = run_daifu(["stacks", proc.pid], cwd=tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert 'blocked.py", line 8 in main' in got.stdout  # the main thread, in its sleep
+        assert 'blocked.py", line 4 in worker' in got.stdout  # the other thread
+        assert proc.poll() is None  # and the job runs on
+        none = run_daifu(["stacks", "1"], cwd=tmp_path)
+        assert none.returncode == 3 and "no daifu job of yours with pid 1" in none.stderr
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -198,8 +198,8 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
         for name, value in names.items():
             if not name.startswith("__") and name != "self":
                 take(name, value, 0)
-    for f, names in scopes:
-        if "self" in names and f is not None:
+    for scope_frame, names in scopes:
+        if "self" in names and scope_frame is not None:
             take(type(names["self"]).__name__, names["self"], 0)
     if not found["modules"] and not found["optimizers"]:
         return None

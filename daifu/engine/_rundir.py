@@ -6,6 +6,7 @@ on a crash (``<pid>.sock``) and the job files of running jobs
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from .._private import check_private as _check_private
@@ -128,6 +129,40 @@ def register_job(info: dict) -> str | None:
         return None
     _registered.append((os.getpid(), path))
     return path
+
+
+#: the signal ``python -m daifu stacks`` sends: a real-time one, which no
+#: program is likely to use for itself (SIGUSR1 is SLURM's and Lightning's)
+STACKS_SIGNAL = getattr(signal, "SIGRTMIN", 34) + 5
+
+
+def stacks_path(pid: int) -> str:
+    return os.path.join(runtime_dir(create=False, quiet=True), f"{pid}.stacks")
+
+
+def serve_stacks() -> int | None:
+    """Let ``python -m daifu stacks`` read this process's threads' stacks:
+    ``faulthandler`` writes them, from its C signal handler (so it works
+    while the main thread is blocked in C: a read, a sleep, a collective),
+    to ``<runtime dir>/<pid>.stacks`` (0600) on ``STACKS_SIGNAL``.  Returns
+    the signal, or None where that cannot be set up (the job runs on)."""
+    import faulthandler
+
+    from .._private import open_private
+
+    try:
+        path = os.path.join(runtime_dir(create=True, quiet=True), f"{os.getpid()}.stacks")
+        fd = open_private(path, "the stacks file", OSError, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        stream = os.fdopen(fd, "w", encoding="utf-8")
+        faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError, EndpointError):
+        return None
+    _stacks_files.append(stream)  # (kept open: faulthandler writes to its fd)
+    _registered.append((os.getpid(), path))
+    return STACKS_SIGNAL
+
+
+_stacks_files: list = []
 
 
 def unregister_job() -> None:

@@ -1,6 +1,7 @@
 """``python -m daifu COMMAND``: the commands that are not a program run.
 
-``ps``, ``attach``, ``send`` reach a job waiting on a crash (``_remote``);
+``ps``, ``attach``, ``send`` reach a job waiting on a crash, ``stacks`` a
+running one (``_remote``);
 ``journal`` lists and shows journals; ``doctor`` checks this machine's set-up;
 ``help`` prints the usage.  Each takes ``-h``/``--help``.  A script with one
 of these names runs as ``./ps``.
@@ -21,6 +22,9 @@ USAGE = {
              "skip, next, abort, reload, exec CODE, p EXPR, vars, where);\n  --job: to every "
              "waiting rank of PID's distributed job at once, a decision for all ranks;\n  exit "
              "0: the job resumed, 1: it still waits, 2: the command failed, 3: no such job"),
+    "stacks": ("python -m daifu stacks [--job] PID\n  every thread's Python stack of a "
+               "running job (also while it is blocked in C);\n  --job: of every rank of its "
+               "distributed job on this machine, and which rank is behind"),
     "journal": ("python -m daifu journal [show JOURNAL|N]\n  list the journals (newest first, "
                 "numbered), or show one: its crashes, patches and outcomes"),
     "doctor": "python -m daifu doctor\n  check Python, the private directories and the cache",
@@ -181,5 +185,6 @@ def run(name: str, args: list[str]) -> int:
 
     table: dict[str, Callable[[list[str]], int]] = {
         "ps": _remote.ps, "attach": _remote.attach, "send": _remote.send,
+        "stacks": _remote.stacks,
         "journal": journal, "doctor": doctor, "help": help_}
     return table[name](args)

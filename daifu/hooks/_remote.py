@@ -4,6 +4,7 @@ on a crash, from another terminal (same user only; see engine/_control.py)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -192,3 +193,87 @@ def attach(args: list[str]) -> int:
     finally:
         session.close()
 
+
+
+def _read_stacks(job: dict, timeout: float = 3.0) -> str | None:
+    """Ask a running job for its threads' stacks (``_rundir.serve_stacks``)."""
+    from ..engine._rundir import stacks_path
+
+    pid, signum = job["pid"], job.get("stacks_signal")
+    if not signum:
+        return None
+    path = stacks_path(pid)
+    try:
+        with open(path, "r+", encoding="utf-8", errors="replace") as fh:
+            fh.truncate(0)
+            os.kill(pid, int(signum))
+            deadline, size, stable = time.monotonic() + timeout, -1, 0
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                now = os.fstat(fh.fileno()).st_size
+                stable = stable + 1 if now == size and now > 0 else 0
+                size = now
+                if stable >= 2:
+                    break
+            fh.seek(0)
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _main_stack(text: str, main: str | None) -> list[str]:
+    """The main thread's frames (innermost first) in faulthandler's dump."""
+    blocks = text.split("\n\n")
+    for block in blocks:
+        head = block.strip().splitlines()[:1]
+        if head and main and main.lower() in head[0].lower():
+            return [line.strip() for line in block.strip().splitlines()[1:]]
+    return []
+
+
+def stacks(args: list[str]) -> int:
+    """``python -m daifu stacks [--job] PID``: every thread's Python stack of a
+    running job (of every rank of its distributed job with ``--job``)."""
+    job_wide = "--job" in args
+    rest = [a for a in args if a != "--job"]
+    if len(rest) != 1 or not rest[0].isdigit():
+        print("usage: python -m daifu stacks [--job] PID", file=sys.stderr)
+        return FAILED
+    pid = int(rest[0])
+    jobs = {j["pid"]: j for j in running_jobs()}
+    if pid not in jobs:
+        print(f"daifu stacks: no daifu job of yours with pid {pid} is running "
+              "(python -m daifu ps lists them)", file=sys.stderr)
+        return NO_JOB
+    targets = [jobs[pid]]
+    if job_wide:
+        if "job" not in jobs[pid]:
+            print(f"daifu stacks: job {pid} is not a rank of a distributed job: "
+                  "use it without --job", file=sys.stderr)
+            return NO_JOB
+        targets = sorted((j for j in jobs.values() if j.get("job") == jobs[pid]["job"]),
+                         key=lambda j: (j.get("rank", -1), j["pid"]))
+    innermost: dict[str, str] = {}
+    status = 0
+    for job in targets:
+        name = f"rank {job['rank']} " if "rank" in job else ""
+        print(f"=== {name}pid {job['pid']}: {' '.join(str(a) for a in job.get('argv', []))}")
+        text = _read_stacks(job)
+        if not text:
+            print("  (no answer: the job cannot report its stacks)")
+            status = FAILED
+            continue
+        print(text.rstrip())
+        frames = _main_stack(text, job.get("main_thread"))
+        if frames and "rank" in job:
+            innermost[str(job["rank"])] = frames[0]
+    if job_wide and len(innermost) > 1:
+        in_collective = {r for r, f in innermost.items() if "torch/distributed" in f}
+        elsewhere = sorted(set(innermost) - in_collective)
+        if in_collective and elsewhere:
+            print(f"\nranks {', '.join(sorted(in_collective))} wait in a collective; rank"
+                  f"{'s' if len(elsewhere) > 1 else ''} {', '.join(elsewhere)} "
+                  f"{'are' if len(elsewhere) > 1 else 'is'} elsewhere (behind):")
+            for rank in elsewhere:
+                print(f"  rank {rank}: {innermost[rank]}")
+    return status

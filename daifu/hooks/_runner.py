@@ -79,7 +79,7 @@ examples:
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
 
 #: ``python -m daifu COMMAND``: not a program run (see ``_commands``)
-COMMANDS = ("ps", "attach", "send", "journal", "doctor", "help")
+COMMANDS = ("ps", "attach", "send", "stacks", "journal", "doctor", "help")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -303,11 +303,16 @@ def _register_job(script, module, args, cfg) -> None:
     from ..engine._rundir import register_job, unregister_job
 
     program = [script] if script is not None else ["-m", module]
+    import threading
+
     from ..engine._events import distributed
+    from ..engine._rundir import serve_stacks
 
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
-            "log": cfg.log, "journal": cfg.journal, **distributed()}
+            "log": cfg.log, "journal": cfg.journal, **distributed(),
+            "stacks_signal": serve_stacks(),
+            "main_thread": f"{threading.main_thread().ident:#018x}"}
     if register_job(info) is not None:
         atexit.register(unregister_job)
 
