@@ -282,3 +282,49 @@ def test_a_change_made_in_a_caller_is_journaled_with_its_frame_and_replayed(prog
     ENGINE.replay = Replay(str(journal))  # no rule now: the journal fixes it
     assert program["train"](["a.txt", "c.txt"]) == first == ([10, 20],
                                                               ["a.txt", "c.txt", "b.txt"])
+
+
+def test_up_and_down_by_function_name(program):
+    # `send --job PID up` moved every rank by one frame although the ranks'
+    # stacks differed in depth: `up NAME` lands in the same function on each
+    seen = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        seen["session"] = _session(crash, [
+            "up train", "p path", "down step", "p n", "up nowhere", "down train",
+            "up train", "!path = 'b.txt'", "retry"])
+        return None
+
+    out, _ = program["train"](["a.txt", "c.txt"])
+    assert out == [10, 20]
+    s = seen["session"]
+    assert s[0][1] and "in train()" in s[0][2]
+    assert s[1][2] == "'c.txt'"
+    assert s[2][1] and s[3][2] == "5"
+    assert not s[4][1] and "no frame of nowhere() above" in s[4][2]
+    assert not s[5][1] and "no frame of train() below" in s[5][2]
+    assert s[8][3] is daifu.RETRY
+
+
+def test_all_bang_statement_and_checkpoint_path_are_commands_not_python(program):
+    # `all !x = 1` was rejected as "not Python either"; `checkpoint /tmp/x.pt`
+    # would have been evaluated as a division
+    seen = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        seen["all"] = run_line(crash, ENGINE, "all !n = 6", "test")[1]
+        seen["checkpoint"] = run_line(crash, ENGINE, "checkpoint /nonexistent/x.pt", "test")[1]
+        seen["assign"] = run_line(crash, ENGINE, "checkpoint = 3", "test")
+        crash.vars["path"] = "b.txt"
+        return daifu.RETRY
+
+    program["train"](["c.txt"])
+    assert "not Python" not in seen["all"] and "distributed" in seen["all"]
+    assert "NameError" not in seen["checkpoint"] and "ZeroDivision" not in seen["checkpoint"]
+    assert seen["assign"][0].ok  # (an assignment to a variable named checkpoint)

@@ -47,7 +47,8 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   bt               the call stack; > marks the frame in focus
   up [N]  (u)      focus on the caller (N frames up): p, vars, !, exec, l act there,
                    and retry/skip/next are taken in that frame
-  down [N] (d)     back towards the crashed frame
+  up NAME          to the nearest caller running function NAME (the same on every rank)
+  down [N] (d)     back towards the crashed frame (down NAME: to NAME's frame)
   l [FIRST[, LAST]]  source around the current line (l . : again from it); ll: the function
   vars             the focused frame's variables
   p EXPR / pp EXPR evaluate EXPR in the focused frame; print it (pp: pretty-printed)
@@ -170,13 +171,31 @@ class Console(cmd.Cmd):
             self.say(f"    {text}")
 
     def _move(self, arg: str, direction: int) -> bool:
+        frames = self.crash.frames()
+        name = arg.strip()
+        if name and not name.lstrip("-").isdigit():
+            # up NAME / down NAME: to the nearest frame of that function in that
+            # direction -- one broadcast lands in the same function on ranks
+            # whose stacks differ in depth
+            wanted = range(self.level + 1, len(frames)) if direction > 0 else \
+                range(self.level - 1, -1, -1)
+            found = next((n for n in wanted if frames[n].f_code.co_name == name
+                          or frames[n].f_code.co_qualname == name), None)
+            if found is None:
+                self.ok = False
+                self.say(f"no frame of {name}() {'above' if direction > 0 else 'below'} "
+                         "the one in focus (bt lists them)")
+                return False
+            self.level, self._listed = found, None
+            self.crash._focus = found  # type: ignore[attr-defined]
+            self._show_focus()
+            return False
         try:
-            steps = int(arg) if arg.strip() else 1
+            steps = int(name) if name else 1
         except ValueError:
             self.ok = False
-            self.say(f"usage: {'up' if direction > 0 else 'down'} [N]")
+            self.say(f"usage: {'up' if direction > 0 else 'down'} [N | NAME]")
             return False
-        frames = self.crash.frames()
         level = self.level + direction * steps
         if not 0 <= level < len(frames):
             self.ok = False
@@ -189,11 +208,11 @@ class Console(cmd.Cmd):
         return False
 
     def do_up(self, arg: str) -> bool:
-        """up [N]: focus on the caller (N frames up)"""
+        """up [N | NAME]: focus on the caller (N frames up, or the nearest frame of NAME)"""
         return self._move(arg, 1)
 
     def do_down(self, arg: str) -> bool:
-        """down [N]: focus back towards the crashed frame"""
+        """down [N | NAME]: focus back towards the crashed frame"""
         return self._move(arg, -1)
 
     do_u, do_d = do_up, do_down
@@ -671,7 +690,7 @@ def _looks_like_code(command: str, arg: str) -> bool:
         return (arg.startswith("=") and not arg.startswith("==")) or \
             (len(arg) > 1 and arg[0] in "+-*/%|&^@<>" and "=" in arg[1:3]
              and not arg[1:3].startswith("=="))
-    if command == "checkpoint":  # a path (`checkpoint /tmp/x.pt`); `checkpoint = 3` assigns
+    if command in ("checkpoint", "all"):  # a path / a command (`all !x = 1`); `all = 3` assigns
         return (arg.startswith("=") and not arg.startswith("==")) or \
             (len(arg) > 1 and arg[0] in "+-*%|&^@<>" and arg[1] == "=")
     return arg.startswith(_CODE_STARTS) and command != "exec"

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 USAGE = {
-    "ps": "python -m daifu ps\n  list this user's jobs that wait on a crash",
+    "ps": ("python -m daifu ps [--json]\n  list this user's daifu jobs on this machine: "
+           "those that wait on a crash first, then those running"),
     "attach": "python -m daifu attach PID\n  the console of a job waiting on a crash",
     "send": ("python -m daifu send [--job] PID COMMAND ...\n  one console command (retry, "
              "skip, next, abort, reload, exec CODE, p EXPR, vars, where);\n  --job: to every "
