@@ -516,6 +516,10 @@ class Console(cmd.Cmd):
         ranks = self._job_ranks()
         if ranks is None:
             return False
+        if arg.strip() == str(_events.distributed().get("rank")):
+            self.say(f"this is rank {arg.strip()}'s own crash (the console already talks to "
+                     "it)")
+            return False
         target = [j for j in ranks if str(j.get("rank")) == arg.strip()]
         if not target:
             self.ok = False
