@@ -328,3 +328,26 @@ def test_all_bang_statement_and_checkpoint_path_are_commands_not_python(program)
     assert "not Python" not in seen["all"] and "distributed" in seen["all"]
     assert "NameError" not in seen["checkpoint"] and "ZeroDivision" not in seen["checkpoint"]
     assert seen["assign"][0].ok  # (an assignment to a variable named checkpoint)
+
+
+def test_rank_n_on_rank_ns_own_console(program, monkeypatch):
+    # `rank 1` on rank 1's console said rank 1 does not wait, though `ranks` listed it
+    from daifu.engine import _control
+
+    monkeypatch.setattr(_events, "distributed", lambda: {"job": "j", "rank": 1,
+                                                         "world_size": 2})
+    monkeypatch.setattr(_control, "waiting_ranks", lambda job, but=None: [])
+    seen = {}
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        seen["own"] = run_line(crash, ENGINE, "rank 1", "test")[1]
+        seen["other"] = run_line(crash, ENGINE, "rank 0", "test")[1]
+        crash.vars["path"] = "b.txt"
+        return daifu.RETRY
+
+    program["train"](["c.txt"])
+    assert "this is rank 1's own crash" in seen["own"]
+    assert "rank '0' does not wait on a crash" in seen["other"]
