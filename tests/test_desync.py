@@ -35,6 +35,16 @@ def train():
         all_reduce(scale)
         LOG.append((step, scale))
 
+def reduced_after(step):
+    value = TABLE[step]
+    all_reduce(value)
+    return value
+
+def train_lookup_first():
+    for step in range(4):
+        scale = reduced_after(step)
+        LOG.append((step, scale))
+
 def train_lookup_after():
     for step in range(4):
         all_reduce(step)
@@ -113,21 +123,53 @@ def test_retry_of_a_statement_that_ran_no_collective_is_allowed(rank_one, progra
     assert ns["LOG"] == [(s, 1) for s in range(4)]
 
 
-def test_skip_of_a_statement_that_runs_a_collective_is_refused(rank_one):
+def test_skip_of_a_statement_whose_collective_already_ran_is_allowed(rank_one):
+    # the statement ran its all_reduce and then failed: skipping the rest of it
+    # leaves no collective out (it was refused, with advice that could never work)
     ns = rank_one
     ns["TABLE"].pop(3)
-    calls = []
 
     @daifu.on(KeyError, where="train")
+    def skip(crash):
+        crash.vars["scale"] = 1
+        return daifu.SKIP
+
+    with capture_logs() as logs:
+        ns["train"]()
+    assert not _rejected(logs)
+    assert ns["LOG"] == [(s, 1) for s in range(4)]
+
+
+def test_skip_of_a_statement_whose_collective_is_still_to_come_is_refused(rank_one):
+    # the lookup fails before the statement's all_reduce: skipping it would
+    # leave that collective out -- and the refusal says retry is safe here
+    ns = rank_one
+    calls = []
+
+    @daifu.on(KeyError, where="train_lookup_first")
     def skip(crash):
         calls.append(crash.statement)
         return daifu.SKIP
 
     with capture_logs() as logs, pytest.raises(KeyError):
+        ns["train_lookup_first"]()
+    assert calls == ["scale = reduced_after(step)"]
+    reason = _rejected(logs)[0]
+    assert "skipping the failing statement on rank 1 alone would leave out all_reduce" in reason
+    assert "retry is safe on this rank alone" in reason and "fix the cause" not in reason
+
+
+def test_a_refused_retry_names_the_skip_that_is_safe(rank_one):
+    ns = rank_one
+
+    @daifu.on(KeyError, where="train")
+    def redo(crash):
+        return daifu.RETRY
+
+    with capture_logs() as logs, pytest.raises(KeyError):
         ns["train"]()
-    assert calls == ["scale = reduced(step)"]
-    assert "skipping the failing statement on rank 1 alone would leave out all_reduce" \
-        in _rejected(logs)[0]
+    reason = _rejected(logs)[0]
+    assert "already ran all_reduce" in reason and "skip is safe on this rank alone" in reason
 
 
 def test_without_the_flight_recorder_rank_local_decisions_are_refused(rank_one, monkeypatch):

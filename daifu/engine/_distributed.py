@@ -214,17 +214,37 @@ def _issued_in_this_run(entry: dict[str, Any], crash: Crash) -> bool:
 
 def local_reason(decision: Decision, crash: Crash) -> str | None:
     """Why ``decision`` on this rank alone would put its collectives out of
-    step with the other ranks'; None when it would not (or no process group)."""
+    step with the other ranks'; None when it would not (or no process group).
+    A refusal names what can work instead: another rank-local decision that
+    the check allows, or a decision for every rank."""
     if decision not in (RETRY, SKIP, CONTINUE) or _group() is None:
         return None
     entries = _collectives()
-    how = ("send it to every rank (python -m daifu send --job PID ..., the console's "
-           "`all ...`, or a rule returning daifu.all_ranks(...)) if all ranks crashed here, "
-           "or fix the cause and retry")
+    reason = _reason(decision, crash, entries)
+    if reason is None:
+        return None
+    allowed = [d for d in (SKIP, RETRY, CONTINUE) if d is not decision
+               and _cell_allows(d, crash) and _reason(d, crash, entries) is None]
+    job = ("send it to every rank (python -m daifu send --job PID ..., the console's `all "
+           "...`, or a rule returning daifu.all_ranks(...)) if all ranks crashed here")
+    if allowed:
+        how = f"{allowed[0].value} is safe on this rank alone; or {job}"
+    else:
+        how = f"{job}; nothing rank-local is safe here"
+    return f"{reason}; {how}"
+
+
+def _cell_allows(decision: Decision, crash: Crash) -> bool:
+    cell = crash.cell
+    return bool(cell.can_retry if decision is RETRY else
+                cell.can_skip if decision is SKIP else cell.can_continue)
+
+
+def _reason(decision: Decision, crash: Crash, entries) -> str | None:
     if entries is None:
         return (f"{decision.value} on rank {_rank()} alone could put its collectives out of "
                 f"step, and PyTorch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0) so daifu "
-                f"cannot tell; {how}")
+                f"cannot tell")
     code = crash.frame.f_code
     first, last = crash.cell.lineno or crash.lineno or 0, crash.cell.end_lineno or \
         crash.cell.lineno or crash.lineno or 0
@@ -235,17 +255,19 @@ def local_reason(decision: Decision, crash: Crash) -> str | None:
                 _issued_in_this_run(in_statement[-1], crash):
             return (f"the failing statement already ran {_name(in_statement[-1])} on rank "
                     f"{_rank()} before it failed; running it again would run that collective "
-                    f"twice while the other ranks have gone past it. {how[0].upper()}{how[1:]}")
+                    f"twice while the other ranks have gone past it")
         return None
     if not here:
         return (f"{decision.value} on rank {_rank()} alone: this rank has no record yet of "
                 f"the collectives {crash.function}() runs, so daifu cannot tell whether "
-                f"the other ranks wait for one that {decision.value} would leave out; {how}")
+                f"the other ranks wait for one that {decision.value} would leave out")
     if decision is SKIP:
-        if in_statement:
+        # what the statement ran before it failed is done; what it would have
+        # run after the failing point (as an earlier iteration ran it) is left out
+        left_out = [e for e in in_statement if not _issued_in_this_run(e, crash)]
+        if left_out:
             return (f"skipping the failing statement on rank {_rank()} alone would leave out "
-                    f"{_name(in_statement[-1])}, which it runs and the other ranks wait in; "
-                    f"{how}")
+                    f"{_name(left_out[-1])}, which it runs and the other ranks wait in")
         return None
     ran = {id(e) for e in in_statement if _issued_in_this_run(e, crash)}
     left_out = [(line, e) for e, line in here if line > last] + \
@@ -254,8 +276,7 @@ def local_reason(decision: Decision, crash: Crash) -> str | None:
         # the first collective it would leave out, as the last iteration ran it
         line, entry = min(left_out, key=lambda item: (item[0], -item[1].get("record_id", 0)))
         return (f"going on with the loop's next item on rank {_rank()} alone would leave out "
-                f"{_name(entry)} at line {line}, which the other ranks run in this iteration; "
-                f"{how}")
+                f"{_name(entry)} at line {line}, which the other ranks run in this iteration")
     return None
 
 
