@@ -42,6 +42,8 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   edit             open $EDITOR at the failing line, then reload
   abort   (a)      give up: the exception continues as without daifu
   pass             no fix here: hand the exception to a vaccinated caller
+  always DECISION  DECISION here, and for every later crash of this type at this statement
+                   (after this crash's exec patches); always: list them; always clear
   checkpoint [PATH]  save the training state now (modules, optimizers, RNG, position)
   where   (w)      show the crash report again (also: describe)
   bt               the call stack; > marks the frame in focus
@@ -348,6 +350,38 @@ class Console(cmd.Cmd):
         return True
 
     do_r, do_s, do_n, do_a = do_retry, do_skip, do_next, do_abort
+
+    def do_always(self, arg: str) -> bool:
+        """always DECISION: answer this crash so, and every later one of this exception
+        type at this statement (after this crash's exec patches); always: list; always clear"""
+        word = arg.strip().lower()
+        if not word:
+            if not self.engine.always:
+                self.say("no standing answers (always DECISION sets one)")
+            for (filename, line, statement, exc), (said, execs, _) in \
+                    self.engine.always.items():
+                also = f" after {len(execs)} exec patch(es)" if execs else ""
+                self.say(f"  {exc} at {filename}:{line} ({statement}): {said.value}{also}")
+            return False
+        if word == "clear":
+            n = len(self.engine.always)
+            self.engine.always.clear()
+            self.say(f"forgot {n} standing answer{'s' if n != 1 else ''}")
+            return False
+        decision = {"retry": RETRY, "r": RETRY, "skip": SKIP, "s": SKIP, "next": CONTINUE,
+                    "n": CONTINUE, "abort": ABORT, "a": ABORT}.get(word)
+        if decision is None:
+            self.ok = False
+            self.say("usage: always retry|skip|next|abort, always, always clear")
+            return False
+        if self.level:
+            self.ok = False
+            self.say("always answers the crashed frame's statement: go down first")
+            return False
+        stop = self._decide(decision)
+        if stop:  # (only a decision the engine accepted here is remembered)
+            self.say(self.engine.remember(self.crash, decision, self.origin))
+        return stop
 
     def do_checkpoint(self, arg: str) -> bool:
         """checkpoint [PATH]: save the training state now (what a crash given up saves)"""

@@ -37,6 +37,8 @@ class Crash(Capabilities):
         #: patches for this crash (rules, console, attach, replay put them here;
         #: the engine applies them in order while the frame waits)
         self.patches = PatchQueue()
+        #: the exec patches applied to this crash (``always`` re-applies them)
+        self.execs: list[Any] = []
         self._frame: types.FrameType | None = frame
         self.exception = exc
         self.cell = cell

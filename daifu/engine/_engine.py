@@ -150,6 +150,11 @@ class ExceptionMemo:
             self._ids.clear()
 
 
+def always_key(crash: Crash) -> tuple:
+    """What ``always`` remembers an answer by: the statement and the exception type."""
+    return (crash.filename, crash.lineno, crash.statement, type(crash.exception).__qualname__)
+
+
 #: emergency checkpoints one process writes at most (a program that keeps
 #: catching crashes daifu gave up on must not fill the disk)
 MAX_CHECKPOINTS = 3
@@ -195,6 +200,9 @@ class Engine:
         self.checkpoint_dir: str | None = os.environ.get("DAIFU_CHECKPOINT_DIR") or None
         #: paths of the emergency checkpoints written (at most MAX_CHECKPOINTS)
         self.checkpoints: list[str] = []
+        #: standing answers (the console's ``always``): crash key -> (decision,
+        #: the exec patches to re-apply first, who said it)
+        self.always: dict[tuple, tuple[Decision, tuple[ExecPatch, ...], str]] = {}
 
     # -- called from the stubs ---------------------------------------------------
 
@@ -330,6 +338,15 @@ class Engine:
             decision = self._drain(crash)
             if decision is not None:
                 return decision, "replay"
+        standing = self.always.get(always_key(crash))
+        if standing is not None:  # `always DECISION`: this crash's fix, again
+            decision, execs, origin = standing
+            for patch in execs:
+                crash.patches.put(ExecPatch(patch.code, origin=origin, frame=patch.frame))
+            crash.patches.put(DecisionPatch(decision, origin=origin))
+            decision = self._drain(crash)
+            if decision is not None:
+                return decision, origin
         for rule in self.rules.matching(crash):
             self._tls.origin = rule.origin
             try:
@@ -445,6 +462,21 @@ class Engine:
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 
+    def remember(self, crash: Crash, decision: Decision, origin: str) -> str:
+        """``always DECISION``: answer later crashes of this exception type at
+        this statement the same way, after this crash's exec patches; journaled."""
+        execs = tuple(crash.execs)
+        self.always[always_key(crash)] = (decision, execs, f"always ({origin})")
+        if self.journal is not None:
+            try:
+                self.journal.always(crash, decision, execs)
+            except Exception:
+                self._internal("journal", crash)
+        also = f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}" if execs \
+            else ""
+        return (f"from now on, {type(crash.exception).__qualname__} at {crash.where} "
+                f"({crash.statement}) is answered: {decision.value}{also}")
+
     def save_checkpoint(self, crash: Crash, path: str | None = None) -> tuple[str | None, str]:
         """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``):
         ``(its path, what was saved)``, or ``(None, why not)`` -- nothing in
@@ -553,6 +585,7 @@ class Engine:
                 if crash is None:
                     raise PatchError("exec needs a crashed frame to run in")
                 exec_in_frame(crash.frame_at(patch.frame), patch.code)
+                crash.execs.append(patch)
             elif isinstance(patch, ReplacePatch):
                 from ._replace import apply_replace
 

@@ -148,6 +148,13 @@ class Journal:
                      "key": crash_key(crash), "where": crash.where, "attempt": crash.attempt,
                      "message": exception_text(crash.exception, 2000)})
 
+    def always(self, crash: Crash, decision: Decision, execs) -> None:
+        """``always DECISION`` at this crash: a standing answer (``--replay``
+        gives later crashes with the same key the same answer)."""
+        self._write({"type": "always", "crash": self.crash_id(crash), "key": crash_key(crash),
+                     "decision": decision.value,
+                     "execs": [{"code": p.code, "frame": p.frame} for p in execs]})
+
     def patch(self, crash: Crash | None, patch: Patch, status: str = "applied",
               error: str | None = None) -> None:
         record: dict[str, Any] = {"type": "patch", "status": status, "kind": patch.kind,
@@ -211,9 +218,16 @@ def _parse(path: str, n: int, line: str, last: bool) -> dict | None:
             return None
         raise JournalError(f"{path}:{n}: not a daifu journal record (not JSON)") from None
     kind = record.get("type") if isinstance(record, dict) else None
-    if kind not in ("crash", "patch", "outcome", "repeat"):
+    if kind not in ("crash", "patch", "outcome", "repeat", "always"):
         raise JournalError(f"{path}:{n}: not a daifu journal record (a JSON object with "
-                           "\"type\": crash, patch, outcome or repeat)")
+                           "\"type\": crash, patch, outcome, repeat or always)")
+    if kind == "always" and not (
+            isinstance(record.get("key"), dict)
+            and record.get("decision") in {d.value for d in Decision}
+            and isinstance(record.get("execs"), list)
+            and all(isinstance(e, dict) and isinstance(e.get("code"), str)
+                    for e in record["execs"])):
+        raise JournalError(f"{path}:{n}: a malformed always record")
     if kind == "repeat" and not (isinstance(record.get("crash"), int)
                                  and isinstance(record.get("count"), int)):
         raise JournalError(f"{path}:{n}: a repeat record needs \"crash\" and \"count\" "
@@ -262,6 +276,8 @@ class Replay:
         a symbolic link)."""
         self.path = path
         self.crashes: list[_Recorded] = []
+        #: the ``always`` records: answers for crashes past the recorded ones
+        self.standing: list[dict] = []
         by_number: dict[int, _Recorded] = {}
         fd = open_private(path, "the journal to replay (--replay)", JournalError, os.O_RDONLY)
         with os.fdopen(fd, "rb") as fh:
@@ -287,6 +303,8 @@ class Replay:
                 owner = by_number.get(record["crash"])
                 if owner is not None:
                     owner.repeats += max(record["count"], 0)
+            elif record["type"] == "always":
+                self.standing.append(record)
 
     def offer(self, crash: Crash, engine: Engine) -> bool:
         key = crash_key(crash)
@@ -302,6 +320,15 @@ class Replay:
                 if patch is not None:
                     crash.patches.put(patch)
             return True
+        for record in reversed(self.standing):  # `always`: the latest for this key
+            if record["key"] == key:
+                for e in record["execs"]:
+                    frame = e.get("frame", 0)
+                    crash.patches.put(ExecPatch(e["code"], origin=f"replay {self.path}",
+                                                frame=frame if isinstance(frame, int) else 0))
+                crash.patches.put(DecisionPatch(Decision(record["decision"]),
+                                                origin=f"replay {self.path} (always)"))
+                return True
         for rec in self.crashes:
             near = {k: v for k, v in rec.key.items() if k != "statement"}
             if not rec.used and near == {k: v for k, v in key.items() if k != "statement"}:
