@@ -26,11 +26,14 @@ def check_private(path: str, purpose: str, error: type[Exception]) -> None:
 
 
 def open_private(path: str, purpose: str, error: type[Exception] = OSError,
-                 flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+                 flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                 sink: bool = False) -> int:
     """Open ``path`` (default: for appending, created with mode 0600) without
     following a symbolic link; refuse -- raising ``error`` with one line -- a
     file that belongs to another user or that others may write (it could be
-    read or planted by them).  Returns the fd."""
+    read or planted by them).  ``sink``: a file written and never read back
+    (the log) may also be a character device or a FIFO, like a shell's
+    ``>``.  Returns the fd."""
     flags |= getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -41,6 +44,8 @@ def open_private(path: str, purpose: str, error: type[Exception] = OSError,
         raise error(f"cannot open {purpose} {path}: {reason}") from None
     st = os.fstat(fd)
     problem = None
+    if sink and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        return fd  # (``sink``: output only -- /dev/null, a terminal, a pipe -- never read back)
     if not stat.S_ISREG(st.st_mode):
         problem = "it is not a regular file"
     elif st.st_uid != os.getuid():

@@ -428,3 +428,29 @@ def test_a_directory_without_main_is_named_as_python_names_it(tmp_path):
     got = daifu(["../.."], cwd=tmp_path / "d" / "sub")
     assert got.returncode == expected.returncode == 1
     assert got.stderr.split(": ", 1)[1] == expected.stderr.split(": ", 1)[1]
+
+
+def test_log_to_dev_null_or_a_fifo_and_a_dump_that_is_private(tmp_path):
+    # `--log /dev/null` (or a FIFO) was refused and the program never ran;
+    # `--dump FILE` followed a planted symlink and wrote 0644
+    import stat
+
+    (tmp_path / "hi.py").write_text("def f():\n    for i in range(2):\n        pass\nf()\n"
+                                    "print('hi')\n")
+    for sink in ("/dev/null",):
+        got = daifu(["--log-file", sink, "--log-level", "debug", "hi.py"], cwd=tmp_path)
+        assert (got.returncode, got.stdout) == (0, "hi\n"), got.stderr
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    got = daifu(["--log-file", str(fifo), "--log-level", "debug", "hi.py"], cwd=tmp_path)
+    assert (got.returncode, got.stdout) == (0, "hi\n"), got.stderr
+    assert "module.vaccinated" in reader.communicate(timeout=30)[0]
+    (tmp_path / "dump.txt").symlink_to(tmp_path / "planted.txt")
+    got = daifu(["--dump", "dump.txt", "hi.py"], cwd=tmp_path)
+    assert got.returncode == 2 and "it is a symbolic link" in got.stderr
+    assert not (tmp_path / "planted.txt").exists()
+    (tmp_path / "dump.txt").unlink()
+    got = daifu(["--dump", "dump.txt", "hi.py"], cwd=tmp_path)
+    assert got.returncode == 0 and "vaccinated f" in (tmp_path / "dump.txt").read_text()
+    assert stat.S_IMODE((tmp_path / "dump.txt").stat().st_mode) == 0o600

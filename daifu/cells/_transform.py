@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import dis
 import io
+import os
 import sys
 import types
 import warnings
@@ -165,9 +166,14 @@ def _dump(report: Report, code: types.CodeType) -> None:
     if options.dump in ("-", "1", "stderr"):
         sys.stderr.write(text)
     elif options.dump:
-        try:
-            with open(options.dump, "a", encoding="utf-8") as fh:
-                fh.write(text)
+        from .._private import open_private
+
+        try:  # (0600, never through a symbolic link, like the log)
+            fd = open_private(options.dump, "the dump (--dump)", OSError, sink=True)
+            try:
+                os.write(fd, text.encode("utf-8"))
+            finally:
+                os.close(fd)
         except OSError as exc:  # (checked at start-up; the rewrite itself goes on)
             warnings.warn(f"daifu: cannot write the dump to {options.dump}: {exc}",
                           NotVaccinatedWarning, stacklevel=3)

@@ -19,7 +19,7 @@ def configure(log_file: str | None = None, level: str = "info") -> None:
     Raises ``ConfigError`` with one line when the file cannot be used."""
     if log_file:
         log_file = expand_path(log_file)
-        fd = open_private(log_file, "the log file (--log-file)", ConfigError)
+        fd = open_private(log_file, "the log file (--log-file)", ConfigError, sink=True)
         stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
         _events.configure(stream, level, json=True)
     else:

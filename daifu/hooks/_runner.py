@@ -258,12 +258,10 @@ def main(argv: list[str] | None = None) -> None:
             if not os.path.isfile(path):
                 raise ConfigError(f"fixes file not found: {path}")
         if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
-            try:
-                with open(cfg.dump, "a", encoding="utf-8"):
-                    pass
-            except OSError as exc:
-                raise ConfigError(f"cannot write the dump (--dump) to {cfg.dump}: "
-                                  f"{exc.strerror}") from None
+            # (0600, never through a symbolic link: it shows the program's code)
+            from .._private import open_private
+
+            os.close(open_private(cfg.dump, "the dump (--dump)", ConfigError, sink=True))
     except ConfigError as exc:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
         raise SystemExit(2) from None
