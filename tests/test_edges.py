@@ -238,7 +238,7 @@ def test_a_directory_with_main_runs_as_with_python(tmp_path):
 
 @pytest.mark.parametrize("args,expected", [
     (["--log", "{missing}/x.jsonl"], "cannot open the log file (--log-file)"),
-    (["--dump", "{missing}/x.txt"], "cannot write the dump (--dump)"),
+    (["--dump", "{missing}/x.txt"], "cannot open the dump (--dump)"),
     (["--journal", "{missing}/j.jsonl"], "is not a directory"),
     (["--max", "3"], "unrecognized arguments: --max"),
 ])
