@@ -280,7 +280,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
         raise SystemExit(2) from None
     install(config=cfg)
-    if cfg.checkpoint:  # SIGTERM: save at the loop's next iteration, then end as python does
+    if cfg.checkpoint and "RANK" not in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ:
+        # SIGTERM: save at the loop's next iteration, then end as python does.  Not
+        # in a rank of a distributed job: the launcher ends the peers of a failed
+        # rank with SIGTERM while they wait in a collective, where no Python
+        # handler can run -- they must die at once, as without daifu
         from ..engine import _preempt
 
         _preempt.install(cfg.grace)
