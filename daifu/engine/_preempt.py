@@ -37,12 +37,15 @@ DEFAULT_GRACE_S = 25.0
 _grace = DEFAULT_GRACE_S
 _handling = False
 _done = threading.Lock()
+#: the process that installed the handler (a forked child -- a DataLoader
+#: worker -- inherits it, and dies at once on SIGTERM, as without daifu)
+_pid = -1
 
 
 def install(grace: float = DEFAULT_GRACE_S) -> bool:
     """Handle SIGTERM (main thread only; not over a handler the program set)."""
-    global _grace
-    _grace = grace
+    global _grace, _pid
+    _grace, _pid = grace, os.getpid()
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
@@ -118,7 +121,7 @@ def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
     if _handling:
         return  # (a second SIGTERM while waiting: the grace timer ends it)
     _handling = True
-    target = _loop_frame(frame) if "torch" in sys.modules else None
+    target = _loop_frame(frame) if "torch" in sys.modules and os.getpid() == _pid else None
     if target is None:
         _die()
         return
