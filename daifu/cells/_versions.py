@@ -16,7 +16,7 @@ architecture.md ("Versions as data") lists what each would still need.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -65,37 +65,27 @@ class Behaviour:
     not_taken: bool = False
 
 
-TABLE: dict[tuple[int, int], Behaviour] = {
-    (3, 11): Behaviour(
-        python=(3, 11), tested=True, frames="_frames311", precall=True,
-        null_below_callable=True, backward_conditionals=True,
-        pop_jump="POP_JUMP_FORWARD_IF_", end_for_skips=0, inlined_comprehensions=False,
-        return_const=False, superinstructions=False, load_attr_method_flag=False,
-        unchecked_load_fast=False,
-        inline_generator_unwind=False, call_kw=False, stopiteration_intrinsic=False),
-    (3, 12): Behaviour(
-        python=(3, 12), tested=False, frames="_frames312", precall=False,
-        null_below_callable=True, backward_conditionals=False,
-        pop_jump="POP_JUMP_IF_", end_for_skips=1, inlined_comprehensions=True,
-        return_const=True, superinstructions=False, load_attr_method_flag=True,
-        unchecked_load_fast=True,
-        inline_generator_unwind=False, call_kw=False, stopiteration_intrinsic=True),
-    (3, 13): Behaviour(
-        python=(3, 13), tested=True, frames="_frames313", precall=False,
-        null_below_callable=False, backward_conditionals=False,
-        pop_jump="POP_JUMP_IF_", end_for_skips=2, inlined_comprehensions=True,
-        return_const=True, superinstructions=True, load_attr_method_flag=True,
-        unchecked_load_fast=True,
-        inline_generator_unwind=True, call_kw=True, stopiteration_intrinsic=True),
-    (3, 14): Behaviour(
-        python=(3, 14), tested=False, frames="_frames313", precall=False,
-        null_below_callable=False, backward_conditionals=False,
-        pop_jump="POP_JUMP_IF_", end_for_skips=2, inlined_comprehensions=True,
-        return_const=False, superinstructions=True, load_attr_method_flag=True,
-        unchecked_load_fast=True,
-        inline_generator_unwind=True, call_kw=True, stopiteration_intrinsic=True,
-        not_taken=True),
-}
+_PY311 = Behaviour(
+    python=(3, 11), tested=True, frames="_frames311", precall=True,
+    null_below_callable=True, backward_conditionals=True,
+    pop_jump="POP_JUMP_FORWARD_IF_", end_for_skips=0, inlined_comprehensions=False,
+    return_const=False, superinstructions=False, load_attr_method_flag=False,
+    unchecked_load_fast=False, inline_generator_unwind=False, call_kw=False,
+    stopiteration_intrinsic=False)
+# each later version: what changed from the one before it
+_PY312 = replace(
+    _PY311, python=(3, 12), tested=False, frames="_frames312", precall=False,
+    backward_conditionals=False, pop_jump="POP_JUMP_IF_", end_for_skips=1,
+    inlined_comprehensions=True, return_const=True, load_attr_method_flag=True,
+    unchecked_load_fast=True, stopiteration_intrinsic=True)
+_PY313 = replace(
+    _PY312, python=(3, 13), tested=True, frames="_frames313", null_below_callable=False,
+    end_for_skips=2, superinstructions=True, inline_generator_unwind=True, call_kw=True)
+_PY314 = replace(
+    _PY313, python=(3, 14), tested=False, frames="_frames314", return_const=False,
+    not_taken=True)
+
+TABLE: dict[tuple[int, int], Behaviour] = {b.python: b for b in (_PY311, _PY312, _PY313, _PY314)}
 
 
 def supported() -> tuple[tuple[int, int], ...]:
