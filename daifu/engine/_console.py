@@ -86,7 +86,7 @@ class Console(cmd.Cmd):
         self.ok = True  # did the last command succeed?
         #: the frame in focus: 0 the crashed one, N its N-th caller (kept on
         #: the crash: a remote client's commands each get a new Console)
-        self.level: int = getattr(crash, "_focus", 0)
+        self.level: int = crash.focus
         self._listed: int | None = None  # where ``l`` goes on from
         #: "job": decisions are for every rank of the distributed job (``all ...``)
         self.scope = "rank"
@@ -189,7 +189,7 @@ class Console(cmd.Cmd):
                          "the one in focus (bt lists them)")
                 return False
             self.level, self._listed = found, None
-            self.crash._focus = found  # type: ignore[attr-defined]
+            self.crash.focus = found
             self._show_focus()
             return False
         try:
@@ -205,7 +205,7 @@ class Console(cmd.Cmd):
                                           "crashed frame"))
             level = max(0, min(level, len(frames) - 1))
         self.level, self._listed = level, None
-        self.crash._focus = level  # type: ignore[attr-defined]
+        self.crash.focus = level
         self._show_focus()
         return False
 

@@ -27,10 +27,15 @@ class Crash(Capabilities):
     * ``attempt`` -- 1 for the first crash at this statement, 2 after one retry...;
     * ``can_retry``/``can_skip``/``can_continue`` and the matching
       ``retry_reason``/``skip_reason``/``continue_reason`` when not possible.
+
+    The engine's own: ``patches`` (the queue), ``execs`` (exec patches
+    applied), ``resolution`` (how it ends, ``_decision.Resolution``) and
+    ``focus`` (the frame a console looks at: 0 = the crashed one).
     """
 
     def __init__(self, engine: Engine, exc: BaseException, cell: Cell, frame: types.FrameType,
                  lasti: int, stack: tuple, attempt: int, started: float):
+        from ._decision import Resolution
         from ._queue import PatchQueue
 
         self._engine = engine
@@ -39,6 +44,11 @@ class Crash(Capabilities):
         self.patches = PatchQueue()
         #: the exec patches applied to this crash (``always`` re-applies them)
         self.execs: list[Any] = []
+        #: how this crash ends, built up as patches are applied
+        self.resolution = Resolution()
+        #: the frame a console (or ``send``) looks at: 0 = the crashed one,
+        #: N = its N-th caller (``up``/``down``); kept across consoles
+        self.focus = 0
         self._frame: types.FrameType | None = frame
         self.exception = exc
         self.cell = cell
@@ -147,8 +157,7 @@ class Crash(Capabilities):
         self.vars = None  # type: ignore[assignment]
         # what was found for the loop header holds the program's objects
         self.batch = self.rewrap = None
-        self.__dict__.pop("_continuation", None)
-        self.__dict__.pop("_upward", None)
+        self.resolution.continuation = self.resolution.upward = None
 
     def __repr__(self) -> str:
         exc = self.exception

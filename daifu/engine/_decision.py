@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import enum
+import types
+from dataclasses import dataclass
+from typing import Any
 
 
 class Decision(enum.Enum):
@@ -45,3 +48,30 @@ class AllRanks:
 def all_ranks(decision: Decision) -> AllRanks:
     """``decision`` for every rank of the job together (see ``AllRanks``)."""
     return AllRanks(decision)
+
+
+@dataclass
+class Resolution:
+    """How one crash ends: built up while its patches are applied, then
+    turned into the stub's answer by ``Engine._conclude`` alone.  Nothing
+    else about the outcome is kept on the ``Crash``."""
+
+    #: the decision taken (None: nobody fixed it)
+    decision: Decision | None = None
+    #: why (who decided, or why nobody did): the journal's outcome and the give-up line
+    reason: str = ""
+    #: a decision for a caller (the console's ``up`` then ``retry``): the
+    #: exception, that caller's frame and the patch; the exception goes up to it
+    upward: tuple[BaseException, types.FrameType, Any] | None = None
+    #: a reload's result (``_reload.ReloadResult``)
+    reload: Any = None
+    #: (function, args): the frame returns this call instead of resuming in
+    #: place (a loop going on over another iterator, a reloaded function)
+    continuation: tuple | None = None
+    #: what the resume does besides the plain decision (a batch fetched again)
+    note: str = ""
+    #: a human was asked and did not fix it: callers' barriers must not ask again
+    final: bool = False
+    #: a decision applied by ``Engine.submit`` (a rule's ``crash.exec`` of a
+    #: decision patch), not yet taken by the engine's loop
+    queued: Decision | None = None

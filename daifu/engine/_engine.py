@@ -45,7 +45,7 @@ from ..cells import (
 )
 from . import _distributed
 from ._crash import Crash, exception_text
-from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision
+from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, Resolution
 from ._events import (
     CrashGaveUp,
     CrashIntercepted,
@@ -298,21 +298,21 @@ class Engine:
                 exc_type=type(exc).__qualname__, message=exception_text(exc), attempt=attempt,
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
             self._record("crash", crash)
-            final = attempt > self.max_attempts
-            decision = None
+            res = crash.resolution
+            if attempt > self.max_attempts:  # a statement that keeps failing must not bounce around
+                res.final = True
             if forward is not None and forward[0] is exc:  # taken at the callee's crash
                 del self._forward[id(exc)]
                 crash.patches.put(dataclasses.replace(forward[2], frame=0))
-                decision, reason = self._drain(crash), forward[2].origin
-            if decision is not None:
+                res.decision, res.reason = self._drain(crash), forward[2].origin
+            if res.decision is not None:
                 pass
-            elif final:  # a statement that keeps failing must not bounce around
-                decision, reason = None, (
-                    f"the statement failed again after {attempt - 1} retries "
-                    f"(max_attempts={self.max_attempts}, DAIFU_MAX_ATTEMPTS)")
+            elif res.final:
+                res.reason = (f"the statement failed again after {attempt - 1} retries "
+                              f"(max_attempts={self.max_attempts}, DAIFU_MAX_ATTEMPTS)")
             else:
-                decision, reason = self._decide(crash)
-            return self._conclude(crash, key, decision, reason, final)
+                res.decision, res.reason = self._decide(crash)
+            return self._conclude(crash, key, res)
         except KeyboardInterrupt:  # Ctrl-C while a fix was awaited: give up, as asked
             self._give_up(crash, "interrupted (Ctrl-C) while waiting for a fix")
             return RAISE_CODE
@@ -394,16 +394,17 @@ class Engine:
         if waited and waited != PASSED_ON:
             # a human was asked and did not fix it (the wait expired, ...): that is
             # final -- callers' barriers must not wait again for the same exception
-            crash._final = True  # type: ignore[attr-defined]
+            crash.resolution.final = True
         if waited:
             return None, waited
         if not len(self.rules) and not self.waiters:
             return None, "no fix available (no rules registered, no console)"
         return None, "no rule fixed it"
 
-    def _conclude(self, crash: Crash, key, decision: Decision | None, reason: str,
-                  final: bool = False) -> int | tuple:
-        upward = getattr(crash, "_upward", None)
+    def _conclude(self, crash: Crash, key, res: Resolution) -> int | tuple:
+        """The stub's answer, made from ``res`` alone: a code (retry, skip,
+        continue, raise), a continuation call, or an exception to raise."""
+        decision, reason, upward = res.decision, res.reason, res.upward
         if upward is not None:  # the decision is for a caller: hand the exception up
             self._forward[id(crash.exception)] = upward
             self._record("outcome", crash, "pass", f"to caller frame {upward[2].frame}")
@@ -413,7 +414,7 @@ class Engine:
                                     f"{upward[2].frame} ({upward[1].f_code.co_qualname})"))
             return RAISE_CODE
         if decision is RELOAD:
-            result = getattr(crash, "_reload", None)
+            result = res.reload
             if result is not None and result.continuation is not None:
                 self._count("recovered", 1)
                 emit(CrashResumed(where=crash.where, action="reload", attempt=crash.attempt,
@@ -429,7 +430,7 @@ class Engine:
             self._count("recovered", 1)
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
-            resumed = getattr(crash, "_continuation", None)
+            resumed = res.continuation
             if resumed is not None and decision is not SKIP:
                 return resumed  # (function, args): the loop goes on with another iterator
             if decision is SKIP:
@@ -441,8 +442,7 @@ class Engine:
                 while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
                     self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE
-        final = final or getattr(crash, "_final", False)
-        passable = decision is None and not final and (self.rules or self.waiters)
+        passable = decision is None and not res.final and (self.rules or self.waiters)
         if passable and _vaccinated_caller(crash.frame):
             # nobody fixed it here: a vaccinated caller gets its turn (a rule may
             # target it); an explicit ABORT, by contrast, is final
@@ -539,14 +539,14 @@ class Engine:
             if isinstance(result, Decision) and decision is None:
                 decision = result
         if decision is not None:
-            current._decision = decision  # type: ignore[union-attr]
+            current.resolution.queued = decision
         if failure is not None:
             raise failure
 
     def _drain(self, crash: Crash) -> Decision | None:
-        decided = getattr(crash, "_decision", None)
+        decided = crash.resolution.queued
         if decided is not None:
-            crash._decision = None  # type: ignore[attr-defined]
+            crash.resolution.queued = None
             return decided
         while (patch := crash.patches.get_nowait()) is not None:
             try:
@@ -569,13 +569,13 @@ class Engine:
                 if crash is None:
                     raise PatchError("reload needs a crash to resume")
                 patch.result = reload(crash, patch.sources)
-                crash._reload = patch.result  # type: ignore[attr-defined]
+                crash.resolution.reload = patch.result
                 result = RELOAD
             elif isinstance(patch, DecisionPatch) and patch.frame:
                 result = self._upward(patch, crash)
             elif isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash, patch.scope)
-                note = getattr(crash, "_resume_note", None)
+                note = crash.resolution.note if crash is not None else ""
                 if note:
                     emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
                                       summary=f"{patch.summary()}: {note}"))
@@ -616,7 +616,7 @@ class Engine:
             raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) is not "
                              "vaccinated: it has no crash barrier to take the decision (vaccinate "
                              "it with --entry, or decide here)")
-        crash._upward = (crash.exception, target, patch)  # type: ignore[attr-defined]
+        crash.resolution.upward = (crash.exception, target, patch)
         return patch.decision
 
     @staticmethod
@@ -811,7 +811,7 @@ def _prepare_loop_header(decision: Decision, crash: Crash) -> None:
         assert slot is not None  # (a rewrap is only found for a loop's iterator)
         stack = list(crash.stack)
         stack[slot] = crash.rewrap[0]
-        crash._continuation = resume_with_stack(crash, tuple(stack))  # type: ignore[attr-defined]
+        crash.resolution.continuation = resume_with_stack(crash, tuple(stack))
         notes.append(crash.rewrap[1])
     if decision is RETRY and crash.batch is not None:
         from . import _loaders
@@ -819,10 +819,10 @@ def _prepare_loop_header(decision: Decision, crash: Crash) -> None:
         try:
             _loaders.arrange_refetch(crash.batch)
         except PatchError:
-            crash._continuation = None  # type: ignore[attr-defined]
+            crash.resolution.continuation = None
             raise
         notes.append(f"the failed batch is fetched again (indices {_short(crash.batch.index)})")
-    crash._resume_note = "; ".join(notes)  # type: ignore[attr-defined]
+    crash.resolution.note = "; ".join(notes)
 
 
 def _short(value: Any, limit: int = 60) -> str:
