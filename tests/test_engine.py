@@ -426,3 +426,97 @@ def outer(batches):
         assert ns["outer"]([[1], [0], [2]]) == [[1], [0], [2]]
     assert [e["event"] for e in logs][:4] == [
         "crash.intercepted", "crash.passed", "crash.intercepted", "patch.applied"]
+
+
+REPLACED_RUNNING = '''
+calls = []
+
+def scale(v, k):
+    calls.append(("scale", v))
+    return v / k            # the bug: k is 0 for some items
+
+def step(v, k):
+    return scale(v, k) + 1
+
+def train(items):
+    out = []
+    for v, k in items:
+        out.append(step(v, k))
+    return out
+'''
+
+
+def test_replace_of_the_function_that_raised_then_retry_reruns_its_call_in_the_caller():
+    ns = vaccinate(REPLACED_RUNNING)
+
+    def safe_scale(v, k):
+        calls.append(("safe", v))  # noqa: F821 (runs with scale's globals)
+        return v / (k or 1)
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        fix.seen.append((crash.function, crash.attempt))
+        daifu.replace(crash.globals["scale"], safe_scale)
+        return daifu.RETRY
+
+    fix.seen = []
+    with capture_logs() as logs:
+        assert ns["train"]([(4, 2), (6, 0), (8, 4)]) == [3.0, 7.0, 3.0]
+    # one crash, fixed once: the retry called step -> scale anew with the new code
+    assert fix.seen == [("scale", 1)]
+    assert ns["calls"] == [("scale", 4), ("scale", 6), ("safe", 6), ("safe", 8)]
+    applied = [e for e in logs if e["event"] == "patch.applied" and e["kind"] == "decision"]
+    assert "re-executed in caller frame 1 (step)" in applied[0]["summary"]
+
+
+def test_replace_of_a_caller_on_the_crashed_stack_then_retry_reruns_the_callers_call():
+    ns = vaccinate(REPLACED_RUNNING)
+
+    def safe_step(v, k):
+        return scale(v, k or 1) + 1  # noqa: F821 (scale: the replaced function's global)
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        assert crash.function == "scale"
+        daifu.replace(crash.globals["step"], safe_step)
+        return daifu.RETRY
+
+    assert ns["train"]([(6, 0), (8, 4)]) == [7.0, 3.0]
+    assert ns["calls"] == [("scale", 6), ("scale", 6), ("scale", 8)]
+
+
+def test_a_replacement_that_fails_the_same_way_is_given_up_after_max_attempts():
+    ns = vaccinate(REPLACED_RUNNING)
+
+    def still_bad(v, k):
+        return v / k
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        fix.n += 1
+        daifu.replace(crash.globals["scale"], still_bad)
+        return daifu.RETRY
+
+    fix.n = 0
+    ENGINE.max_attempts = 2
+    with pytest.raises(ZeroDivisionError):
+        ns["train"]([(6, 0)])
+    assert fix.n == ENGINE.max_attempts + 1
+
+
+def test_replace_while_running_with_no_vaccinated_caller_refuses_the_retry():
+    ns = vaccinate(REPLACED_RUNNING, entries=("scale",))
+
+    def zero(v, k):
+        return 0.0
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        daifu.replace(crash.globals["scale"], zero)
+        return daifu.RETRY
+
+    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
+        ns["train"]([(6, 0)])
+    rejected = [e for e in logs if e["event"] == "patch.rejected"]
+    assert "none of its callers is vaccinated" in rejected[0]["reason"]
+    assert ns["train"]([(6, 2)]) == [1.0]  # the replacement is installed for later calls

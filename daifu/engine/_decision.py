@@ -72,6 +72,9 @@ class Resolution:
     note: str = ""
     #: a human was asked and did not fix it: callers' barriers must not ask again
     final: bool = False
+    #: a function replaced while it runs on the crashed stack: (its outermost
+    #: level there, its name); a retry re-executes its call in a caller
+    replaced: tuple[int, str] | None = None
     #: a decision applied by ``Engine.submit`` (a rule's ``crash.exec`` of a
     #: decision patch), not yet taken by the engine's loop
     queued: Decision | None = None

@@ -303,8 +303,9 @@ class Engine:
                 res.final = True
             if forward is not None and forward[0] is exc:  # taken at the callee's crash
                 del self._forward[id(exc)]
-                crash.patches.put(dataclasses.replace(forward[2], frame=0))
-                res.decision, res.reason = self._drain(crash), forward[2].origin
+                if not res.final:
+                    crash.patches.put(dataclasses.replace(forward[2], frame=0))
+                    res.decision, res.reason = self._drain(crash), forward[2].origin
             if res.decision is not None:
                 pass
             elif res.final:
@@ -563,6 +564,8 @@ class Engine:
             patch = ReloadPatch(origin=patch.origin)
         result: Decision | None = None
         try:
+            if isinstance(patch, DecisionPatch) and crash is not None:
+                patch = self._redirect(patch, crash)
             if isinstance(patch, ReloadPatch):
                 from ._reload import reload
 
@@ -575,12 +578,6 @@ class Engine:
                 result = self._upward(patch, crash)
             elif isinstance(patch, DecisionPatch):
                 result = self._check_decision(patch.decision, crash, patch.scope)
-                note = crash.resolution.note if crash is not None else ""
-                if note:
-                    emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
-                                      summary=f"{patch.summary()}: {note}"))
-                    self._record("patch", crash, patch)
-                    return result
             elif isinstance(patch, ExecPatch):
                 if crash is None:
                     raise PatchError("exec needs a crashed frame to run in")
@@ -589,7 +586,11 @@ class Engine:
             elif isinstance(patch, ReplacePatch):
                 from ._replace import apply_replace
 
-                apply_replace(patch.target, patch.new, crash)
+                replaced = apply_replace(patch.target, patch.new, crash)
+                if replaced is not None and crash is not None:
+                    old = crash.resolution.replaced
+                    crash.resolution.replaced = replaced if old is None or old[0] < replaced[0] \
+                        else old
             else:
                 raise PatchError(f"unknown patch kind {type(patch).__name__}")
         except PatchError as err:
@@ -597,10 +598,28 @@ class Engine:
                                reason=str(err)))
             self._record("patch", crash, patch, "rejected", str(err))
             raise
-        emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin,
-                          summary=patch.summary()))
+        summary = patch.summary()
+        if isinstance(patch, DecisionPatch) and crash is not None and crash.resolution.note:
+            summary += f": {crash.resolution.note}"
+        emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin, summary=summary))
         self._record("patch", crash, patch)
         return result
+
+    @staticmethod
+    def _redirect(patch: DecisionPatch, crash: Crash) -> DecisionPatch:
+        """A retry after ``replace`` of a function that runs on the crashed
+        stack: its running call keeps the old code, so the retry re-executes
+        the call in the nearest vaccinated caller (``_replace.rerun_level``)."""
+        replaced = crash.resolution.replaced
+        if patch.decision is not RETRY or replaced is None or patch.frame > replaced[0]:
+            return patch
+        from ._replace import rerun_level
+
+        level = rerun_level(crash, replaced)
+        crash.resolution.note = (f"{replaced[1]}() was replaced while it runs: its call is "
+                                 f"re-executed in caller frame {level} "
+                                 f"({crash.frame_at(level).f_code.co_qualname})")
+        return dataclasses.replace(patch, frame=level)
 
     @staticmethod
     def _upward(patch: DecisionPatch, crash: Crash | None) -> Decision:

@@ -7,7 +7,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .._errors import DaifuWarning, PatchError
+from .._errors import PatchError
 from ..cells import is_vaccinated
 
 if TYPE_CHECKING:
@@ -21,8 +21,10 @@ def replace(target: Any, new: Any) -> None:
     holding it -- runs the new code from its next call; the new code runs with
     ``target``'s globals and closure.  If ``target`` was vaccinated, the new
     code is vaccinated too.  A call of ``target`` that is running right now
-    keeps its old code.  Raises ``PatchError`` when the code cannot be swapped
-    (a builtin, different closure variables).
+    keeps its old code: at a crash, a retry then re-executes that call in its
+    nearest vaccinated caller, which calls the new code.  Raises
+    ``PatchError`` when the code cannot be swapped (a builtin, different
+    closure variables).
     """
     from ._engine import ENGINE
     from ._queue import ReplacePatch
@@ -43,7 +45,9 @@ def _function(obj: Any, role: str) -> types.FunctionType:
     return obj
 
 
-def apply_replace(target: Any, new: Any, crash: Crash | None) -> None:
+def apply_replace(target: Any, new: Any, crash: Crash | None) -> tuple[int, str] | None:
+    """Swap the code; returns (the outermost level of the crashed stack
+    where ``target`` runs, its name), or None when it is not running there."""
     fn = _function(target, "target")
     nf = _function(new, "the replacement")
     old_code, new_code = fn.__code__, nf.__code__
@@ -64,10 +68,25 @@ def apply_replace(target: Any, new: Any, crash: Crash | None) -> None:
     fn.__code__ = new_code
     fn.__defaults__ = nf.__defaults__
     fn.__kwdefaults__ = nf.__kwdefaults__
-    if crash is not None and crash._frame is not None and crash.frame.f_code is old_code:
-        warnings.warn(
-            f"daifu.replace: {fn.__qualname__} is the crashed function itself; its running call "
-            "keeps the old code (the new code applies from its next call)",
-            DaifuWarning,
-            stacklevel=3,
-        )
+    if crash is None or crash._frame is None:
+        return None
+    running = [level for level, frame in enumerate(crash.frames()) if frame.f_code is old_code]
+    return (max(running), fn.__qualname__) if running else None
+
+
+def rerun_level(crash: Crash, replaced: tuple[int, str]) -> int:
+    """Where a retry re-executes the call of a function replaced while it
+    ran (``replaced``: its outermost level on the crashed stack, its name):
+    the nearest vaccinated caller above it, whose statement calls it anew
+    (through library frames such as ``Module.__call__``).  Raises
+    ``PatchError`` when there is none."""
+    from ..cells import cells_of
+
+    level, name = replaced
+    frames = crash.frames()
+    for up in range(level + 1, len(frames)):
+        if cells_of(frames[up].f_code) is not None:
+            return up
+    raise PatchError(f"cannot retry: {name}() was replaced while it runs (frame {level}), and a "
+                     "running call keeps its old code; none of its callers is vaccinated to "
+                     "call it again (vaccinate the caller with --entry, or skip)")
