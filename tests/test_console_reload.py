@@ -269,3 +269,130 @@ def test_reload_picks_up_an_edited_module_daifu_did_not_vaccinate(tmp_path, modu
         assert reload_helper.factor() == 3
     finally:
         sys.modules.pop("reload_helper", None)
+
+
+CALLERS = '''
+def divide(a, b):
+    return a / b
+
+def train(items, log):
+    for a, b in items:
+        log.append(divide(a, b))     # the bug is here: b can be 0
+    return log
+'''
+
+
+@pytest.fixture
+def callers(tmp_path, monkeypatch):
+    path = tmp_path / "reload_callers.py"
+    path.write_text(CALLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    daifu.install(modules="reload_callers")
+    import reload_callers
+
+    yield reload_callers, path
+    daifu.uninstall()
+    sys.modules.pop("reload_callers", None)
+    _registry.forget(str(path))
+
+
+FIXED_CALLER = CALLERS.replace("log.append(divide(a, b))     # the bug is here: b can be 0",
+                               "log.append(divide(a, b or 1))")
+
+
+@pytest.mark.parametrize("focus", ["up", ""])
+def test_an_edited_caller_continues_in_its_new_code(callers, focus):
+    """The crash is in divide(), which did not change; train(), which called
+    it, did: after ``up`` (or without it: the innermost changed frame) and
+    ``reload``, train() re-executes the failing call in its new code."""
+    mod, path = callers
+    said = []
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        assert crash.function == "divide"
+        path.write_text(FIXED_CALLER)
+        for line in [focus, "reload"] if focus else ["reload"]:
+            c, out = run_line(crash, ENGINE, line, "test")
+            said.append(out)
+            assert c.ok, out
+        return None
+
+    with capture_logs() as logs:
+        assert mod.train([(4, 2), (6, 0), (8, 4)], []) == [2.0, 6.0, 2.0]
+    assert "running in caller frame 1: re-executes its call at line" in said[-1]
+    assert [e["reason"] for e in logs if e["event"] == "crash.passed"] == [
+        "reload in caller frame 1 (train)"]
+    resumed = [e for e in logs if e["event"] == "crash.resumed"]
+    assert [(e["where"].rsplit(":", 1)[1], e["action"]) for e in resumed] == [("7", "reload")]
+    assert mod.train([(5, 0)], []) == [5.0]  # later calls run the new code
+
+
+def test_an_edited_caller_that_cannot_continue_is_refused_and_changes_nothing(callers):
+    mod, path = callers
+    said = []
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        # train()'s loop is now another kind of loop: its call has no place there
+        path.write_text(CALLERS.replace("    for a, b in items:\n",
+                                        "    while items:\n        a, b = items.pop()\n"))
+        for line in ["up", "reload"]:
+            c, out = run_line(crash, ENGINE, line, "test")
+            said.append((c.ok, out))
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        mod.train([(6, 0)], [])
+    ok, out = said[-1]
+    assert not ok and "train() in caller frame 1 cannot continue in its new code" in out
+    assert "nothing was changed" in out
+
+
+def test_deleting_the_failing_line_of_a_caller_continues_after_it(callers):
+    mod, path = callers
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        path.write_text(CALLERS.replace("        log.append(divide(a, b))     # the bug is "
+                                        "here: b can be 0\n", "        log.append(-a)\n"))
+        c, out = run_line(crash, ENGINE, "reload", "test")
+        assert c.ok, out
+        return None
+
+    # the new statement in the old one's place runs for the failing item
+    assert mod.train([(4, 2), (6, 0), (8, 4)], []) == [2.0, -6, -8]
+
+
+DELETED = '''
+def accumulate(items, log):
+    for a, b in items:
+        q = a / b
+        log.append(q)
+    log.append("end")
+    return log
+'''
+
+
+def test_deleting_the_failing_lines_of_the_crashed_function_continues_in_the_new_code(
+        tmp_path, monkeypatch):
+    path = tmp_path / "reload_deleted.py"
+    path.write_text(DELETED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    daifu.install(modules="reload_deleted")
+    try:
+        import reload_deleted
+
+        @daifu.on(ZeroDivisionError)
+        def console(crash):
+            path.write_text(DELETED.replace("        q = a / b\n        log.append(q)\n",
+                                            "        pass\n"))
+            c, out = run_line(crash, ENGINE, "reload", "test")
+            assert c.ok, out
+            return None
+
+        assert reload_deleted.accumulate([(4, 2), (6, 0), (8, 4)], []) == [2.0, "end"]
+    finally:
+        daifu.uninstall()
+        sys.modules.pop("reload_deleted", None)
+        _registry.forget(str(path))

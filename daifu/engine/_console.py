@@ -393,7 +393,7 @@ class Console(cmd.Cmd):
 
     def do_reload(self, arg: str) -> bool:
         """reload: re-read edited source files and resume in the new code"""
-        patch = ReloadPatch(origin=self.origin)
+        patch = ReloadPatch(origin=self.origin, frame=self.level)
         try:
             self.engine.submit(patch, self.crash)
         except PatchError as err:

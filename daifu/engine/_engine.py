@@ -192,7 +192,8 @@ class Engine:
         #: a decision taken at a crash for one of its callers (the console's
         #: ``up`` then ``retry``): id(exception) -> (exception, caller frame,
         #: patch); the exception is handed up to that frame's barrier
-        self._forward: dict[int, tuple[BaseException, types.FrameType, DecisionPatch]] = {}
+        self._forward: dict[int, tuple[BaseException, types.FrameType,
+                                       DecisionPatch | ReloadPatch]] = {}
         #: the emergency checkpoint when a crash is given up (``_checkpoint``):
         #: on unless ``--no-checkpoint``; None: the default directory
         self.checkpoint = os.environ.get("DAIFU_CHECKPOINT", "1").strip().lower() not in (
@@ -410,9 +411,11 @@ class Engine:
             self._forward[id(crash.exception)] = upward
             self._record("outcome", crash, "pass", f"to caller frame {upward[2].frame}")
             self._count("passed", 1)
+            what = upward[2].decision.value if isinstance(upward[2], DecisionPatch) \
+                else upward[2].kind
             emit(CrashPassed(where=crash.where, exc_type=type(crash.exception).__qualname__,
-                             reason=f"{upward[2].decision.value} in caller frame "
-                                    f"{upward[2].frame} ({upward[1].f_code.co_qualname})"))
+                             reason=f"{what} in caller frame {upward[2].frame} "
+                                    f"({upward[1].f_code.co_qualname})"))
             return RAISE_CODE
         if decision is RELOAD:
             result = res.reload
@@ -561,19 +564,15 @@ class Engine:
     def _apply(self, patch: Patch, crash: Crash | None) -> Decision | None:
         where = crash.where if crash else ""
         if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
-            patch = ReloadPatch(origin=patch.origin)
+            patch = ReloadPatch(origin=patch.origin, frame=patch.frame)
         result: Decision | None = None
         try:
             if isinstance(patch, DecisionPatch) and crash is not None:
                 patch = self._redirect(patch, crash)
             if isinstance(patch, ReloadPatch):
-                from ._reload import reload
-
                 if crash is None:
                     raise PatchError("reload needs a crash to resume")
-                patch.result = reload(crash, patch.sources)
-                crash.resolution.reload = patch.result
-                result = RELOAD
+                result = self._reload(patch, crash)
             elif isinstance(patch, DecisionPatch) and patch.frame:
                 result = self._upward(patch, crash)
             elif isinstance(patch, DecisionPatch):
@@ -604,6 +603,31 @@ class Engine:
         emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin, summary=summary))
         self._record("patch", crash, patch)
         return result
+
+    def _reload(self, patch: ReloadPatch, crash: Crash) -> Decision:
+        """Apply a reload (``_reload``).  When a changed caller is to continue
+        in its new code, the exception is handed up to that caller's barrier
+        with the caller's part (``patch.resume``), applied there."""
+        from ._reload import reload, resume_caller
+
+        if patch.resume is None:
+            patch.result = reload(crash, patch.sources, patch.frame)
+            caller = patch.result.caller
+            if caller is not None:
+                crash.resolution.upward = (crash.exception, crash.frame_at(caller.level),
+                                           ReloadPatch(origin=patch.origin, frame=caller.level,
+                                                       resume=caller))
+            crash.resolution.reload = patch.result
+            return RELOAD
+        try:
+            patch.result = resume_caller(crash, patch.resume)
+        except PatchError as err:  # the new code is in already: the call is re-executed
+            decision = self._check_decision(RETRY, crash)
+            crash.resolution.note = (f"{crash.function}() keeps its old code ({err}); its "
+                                     "statement is retried, calling the new code")
+            return decision
+        crash.resolution.reload = patch.result
+        return RELOAD
 
     @staticmethod
     def _redirect(patch: DecisionPatch, crash: Crash) -> DecisionPatch:

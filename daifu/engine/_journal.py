@@ -163,7 +163,9 @@ class Journal:
             record.update(crash=self.crash_id(crash), attempt=crash.attempt)
         if error:
             record["error"] = error
-        if isinstance(patch, (DecisionPatch, ExecPatch)) and patch.frame:
+        if isinstance(patch, ReloadPatch) and patch.resume is not None:
+            return  # a caller's part of a reload: replaying the reload does it again
+        if isinstance(patch, (DecisionPatch, ExecPatch, ReloadPatch)) and patch.frame:
             record["frame"] = patch.frame
             try:  # which function that frame ran: replay checks it is the same one
                 record["frame_function"] = crash.frame_at(patch.frame).f_code.co_qualname \
@@ -368,7 +370,7 @@ class Replay:
                         f"the recorded reload of {path} was made against other source; "
                         "skipped")))
                     return None
-            return ReloadPatch(origin="replay", sources=sources)
+            return ReloadPatch(origin="replay", sources=sources, frame=level)
         emit(ReplaySkipped(where=crash.where, reason=(
             f"{kind} patches are not replayed (write them as a rule with daifu.on)")))
         return None

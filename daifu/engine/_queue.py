@@ -81,6 +81,12 @@ class ReloadPatch(Patch):
     kind: ClassVar[str] = "reload"
     sources: dict[str, str] | None = None
     result: Any = None
+    #: the frame in focus (0: the crashed one): a changed function running
+    #: there continues in its new code (``_reload``)
+    frame: int = 0
+    #: set by the engine on the patch it hands to a caller's barrier: that
+    #: caller's part of a reload already applied (``_reload.CallerResume``)
+    resume: Any = None
 
     def summary(self) -> str:
         if self.result is None:

@@ -73,11 +73,28 @@ class ReloadResult:
     old_sources: dict[str, str] = field(default_factory=dict)
     continuation: tuple[Any, tuple] | None = None
     running: Change | None = None
+    #: a changed function running in a caller of the crashed frame, which
+    #: continues in its new code: the engine hands the exception to that
+    #: caller's barrier with this, and the continuation is built there
+    caller: CallerResume | None = None
 
     def summary(self) -> str:
         if not self.changes:
             return "reload: no function changed"
         return "reload:\n" + "\n".join(f"  {c}" for c in self.changes)
+
+
+@dataclass
+class CallerResume:
+    """A caller's part of a reload: at ``level`` of the crashed stack, its
+    changed function ``change`` continues in the new code of ``file``."""
+
+    level: int
+    file: _File
+    change: Change
+    line: int
+    #: the function object running there (found before its code is swapped)
+    function: types.FunctionType
 
 
 @dataclass
@@ -110,11 +127,18 @@ class _File:
                 "not replaced (which one is the running one is ambiguous)")
 
 
-def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> ReloadResult:
+def reload(crash: Crash | None, sources: dict[str, str] | None = None,
+           focus: int = 0) -> ReloadResult:
     """Apply changed sources (``sources`` overrides what is read from disk,
     which is how journal replay re-applies a reload).  Raises ``PatchError``,
     changing nothing, if a file does not compile or the running function
-    cannot be continued in its new code."""
+    cannot be continued in its new code.
+
+    Which running function continues in its new code: the innermost changed
+    one from the frame in ``focus`` outward (else the innermost changed one).
+    When that is a caller of the crashed frame, ``result.caller`` says so:
+    the engine passes the exception up to it, and it re-executes its failing
+    statement -- the call -- in the new code."""
     files = _changed_files(sources or {})
     result = ReloadResult()
     for f in files.values():
@@ -135,6 +159,8 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
     installs: list[tuple[types.FunctionType, types.CodeType]] = []
     seen: set[tuple[str, str, int]] = set()
     running_code = crash.frame.f_code if crash is not None else None
+    changed: dict[int, Change] = {}  # id(running code) -> its change
+    by_key: dict[tuple[str, str, int], Change] = {}
     for fn in live:
         f = files[fn.__code__.co_filename]
         qual = fn.__code__.co_qualname
@@ -161,10 +187,12 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
         installs.append((fn, new_live))
         if key not in seen:
             seen.add(key)
-            change = Change(qual, f.filename, status)
-            result.changes.append(change)
-            if fn.__code__ is running_code and status == "changed":
-                result.running = change
+            by_key[key] = Change(qual, f.filename, status)
+            result.changes.append(by_key[key])
+        if status == "changed":
+            changed.setdefault(id(fn.__code__), by_key[key])
+            if fn.__code__ is running_code:
+                result.running = by_key[key]
     if crash is not None and running_code is not None and running_code.co_name == "<module>" \
             and crash.filename in files:
         # a crash in module-level code (the script's top level): its own
@@ -175,11 +203,15 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None) -> Reload
             result.changes.append(result.running)
     known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
     added = _added_functions(files, known)
+    if crash is not None:
+        result.caller = _caller_to_continue(crash, files, changed, result.running, focus)
+        if result.caller is not None:
+            result.running = None  # (its new code is installed for later calls)
     if result.running is not None and crash is not None:
         fn_, args, line = _continuation(crash, files[crash.filename], result.running)
         result.running.detail = f"running: continues in the new code at line {line}"
         result.continuation = (fn_, args)
-    if not installs and not added and result.running is None:
+    if not installs and not added and result.running is None and result.caller is None:
         # nothing to apply: a reload that changes nothing must not resume the
         # crash (a retry would fail the same way and burn the attempts)
         detail = "; ".join(str(c) for c in result.changes)
@@ -342,11 +374,63 @@ def _added_functions(files: dict[str, _File], known: set[str]):
 # -- continuing the running function ---------------------------------------------------
 
 
-def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, int]:
-    back, reason = backend()
-    if back is None:
-        raise PatchError(f"reload: {reason}")
-    code = crash.frame.f_code
+def _caller_to_continue(crash: Crash, files: dict[str, _File], changed: dict[int, Change],
+                        running: Change | None, focus: int) -> CallerResume | None:
+    """The caller of the crashed frame that continues in its new code, or
+    None (the crashed frame does, or no running function changed).  Raises
+    ``PatchError`` when the frame in focus changed but cannot be continued."""
+    frames = crash.frames()
+    levels = [level for level, frame in enumerate(frames)
+              if id(frame.f_code) in changed and frame.f_code.co_filename in files]
+    if running is not None and 0 not in levels:
+        levels.insert(0, 0)  # (module-level code: its own statements changed)
+    chosen = next((level for level in levels if level >= focus), levels[0] if levels else None)
+    if not chosen:
+        return None
+    frame = frames[chosen]
+    change = changed[id(frame.f_code)]
+    why = _why_not_continued(frame, files[frame.f_code.co_filename])
+    back, _ = backend()
+    func = back.running_function(frame) if back is not None else None
+    if func is None and not isinstance(why, str):
+        why = "its function object could not be found"
+    if isinstance(why, str):
+        if chosen == focus:  # asked for by name (``up``, then reload): say why not
+            raise PatchError(f"reload: {frame.f_code.co_qualname}() in caller frame {chosen} "
+                             f"cannot continue in its new code: {why} -- nothing was changed")
+        change.detail = f"running in caller frame {chosen}: keeps its old code ({why})"
+        return None
+    change.detail = (f"running in caller frame {chosen}: re-executes its call at line "
+                     f"{frame.f_lineno} in the new code (line {why})")
+    assert func is not None
+    return CallerResume(chosen, files[frame.f_code.co_filename], change, why, func)
+
+
+def _why_not_continued(frame: types.FrameType, f: _File) -> int | str:
+    """The line where a caller's failing statement -- the call -- is in the
+    new source, or why that caller cannot continue in its new code."""
+    from ..cells import cells_of
+    from ._guards import cell_range
+
+    info = cells_of(frame.f_code)
+    if info is None:
+        return "it is not vaccinated"
+    if frame.f_code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                                | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        return "it is a generator or coroutine"
+    found = cell_range(info, frame.f_code, frame.f_lasti)
+    if found is None or not (found[2].can_retry or found[2].role == "loop-header"):
+        return "its call is not in a statement daifu can re-execute"
+    try:
+        _, _, stmt, _ = _map_statement(frame.f_code, found[2], f)
+    except PatchError as exc:
+        return str(exc).removeprefix("reload: ")
+    return getattr(stmt, "lineno", 0)
+
+
+def _map_statement(code: types.CodeType, cell, f: _File):
+    """(new plain code, its scope, the statement ``cell``'s maps to, its
+    role) in the new source of ``code``'s function.  Raises ``PatchError``."""
     if f.loaded is None:
         raise PatchError("reload: the running function's file was not vaccinated")
     old_plain = original_code(code)
@@ -362,7 +446,6 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     new_scope = f.msrc.scope_for(new_plain)
     if old_scope is None or new_scope is None:
         raise PatchError("reload: the running function's source could not be found")
-    cell = crash.cell
     old_stmt = old_msrc.statements(old_scope).lookup(
         (cell.lineno, cell.end_lineno, cell.col, cell.end_col))
     if old_stmt is None:
@@ -375,14 +458,30 @@ def _continuation(crash: Crash, f: _File, change: Change) -> tuple[Any, tuple, i
     # with's exit); another kind (a new if or try around the failing
     # statement, an edit): the cell the new statement starts with
     role = cell.role if type(new_stmt) is type(old_stmt) else entry_role(new_stmt)
+    return new_plain, new_scope, new_stmt, role
+
+
+def _continuation(crash: Crash, f: _File, change: Change,
+                  func: types.FunctionType | None = None) -> tuple[Any, tuple, int]:
+    back, reason = backend()
+    if back is None:
+        raise PatchError(f"reload: {reason}")
+    new_plain, new_scope, new_stmt, role = _map_statement(crash.frame.f_code, crash.cell, f)
     fn, args = continue_in(crash, new_plain, f.msrc, new_scope, dict(f.children), new_stmt,
-                           role, tuple(crash.stack), f.loaded.module, "reload: ")
+                           role, tuple(crash.stack), f.loaded.module, "reload: ", func)
     return fn, args, getattr(new_stmt, "lineno", 0)
+
+
+def resume_caller(crash: Crash, resume: CallerResume) -> ReloadResult:
+    """At the barrier of the caller a reload chose (``CallerResume``): the
+    continuation of its call in the new code, already installed."""
+    fn, args, _ = _continuation(crash, resume.file, resume.change, resume.function)
+    return ReloadResult(changes=[resume.change], continuation=(fn, args), running=resume.change)
 
 
 def continue_in(crash: Crash, plain: types.CodeType, msrc: ModuleSource, scope, children: dict,
                 stmt, role: str, stack: tuple, module: str | None,
-                prefix: str = "") -> tuple[Any, tuple]:
+                prefix: str = "", func: types.FunctionType | None = None) -> tuple[Any, tuple]:
     """``(function, args)`` that continue the crashed call in ``plain``
     (vaccinated) at ``stmt``'s cell of ``role``, with the frame's variables
     and ``stack`` (the crashed frame's value stack, or a changed copy):
@@ -411,7 +510,7 @@ def continue_in(crash: Crash, plain: types.CodeType, msrc: ModuleSource, scope, 
         g = frame.f_globals
         g.update(spec.module_globals(stack))
         return exec, (cont, g)
-    func = back.running_function(frame)
+    func = func or back.running_function(frame)
     if func is None:
         raise PatchError(f"{prefix}the running function object could not be found")
     if func.__code__.co_freevars != cont.co_freevars:
