@@ -396,3 +396,75 @@ def test_deleting_the_failing_lines_of_the_crashed_function_continues_in_the_new
         daifu.uninstall()
         sys.modules.pop("reload_deleted", None)
         _registry.forget(str(path))
+
+
+RESTRUCTURED = '''
+def accumulate(items, log):
+    for a, b in items:
+        log.append(a / b)
+    return log
+
+def run(items):
+    return accumulate(items, [])
+'''
+#: the same function with another kind of loop: its running call cannot continue in it
+WHILE_LOOP = RESTRUCTURED.replace(
+    "    for a, b in items:\n        log.append(a / b)\n",
+    "    while items:\n        a, b = items.pop(0)\n        log.append(a / (b or 1))\n")
+
+
+@pytest.fixture
+def restructured(tmp_path, monkeypatch):
+    path = tmp_path / "reload_restructured.py"
+    path.write_text(RESTRUCTURED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def load():
+        daifu.install(modules="reload_restructured")
+        import reload_restructured
+
+        return reload_restructured
+
+    yield load, path
+    daifu.uninstall()
+    sys.modules.pop("reload_restructured", None)
+    _registry.forget(str(path))
+
+
+def test_a_running_function_that_cannot_continue_is_called_again_from_its_caller(restructured):
+    load, path = restructured
+    mod = load()
+    said = []
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        path.write_text(WHILE_LOOP)
+        c, out = run_line(crash, ENGINE, "reload", "test")
+        said.append(out)
+        assert c.ok, out
+        return None
+
+    assert mod.run([(4, 2), (6, 0), (8, 4)]) == [2.0, 6.0, 2.0]
+    assert "its call is re-executed from caller frame 1 (run), in the new code" in said[0]
+
+
+def test_a_refused_reload_keeps_the_edit_for_the_next_one_and_the_listing_shows_running_code(
+        restructured):
+    load, path = restructured
+    mod = load()
+    said = []
+
+    @daifu.on(ZeroDivisionError)
+    def console(crash):
+        path.write_text(WHILE_LOOP)
+        for line in ["reload", "reload", "l"]:
+            c, out = run_line(crash, ENGINE, line, "test")
+            said.append((line, c.ok, out))
+        return daifu.ABORT
+
+    with pytest.raises(ZeroDivisionError):
+        mod.accumulate([(6, 0)], [])  # called from here: no vaccinated caller to call it again
+    (_, ok1, out1), (_, ok2, out2), (_, ok3, listing) = said
+    assert not ok1 and "changed from For to While" in out1 and "nothing was changed" in out1
+    assert (ok2, out2) == (ok1, out1)  # the same edit is still there to reload
+    assert ok3 and "for a, b in items:" in listing and "while" not in listing

@@ -184,8 +184,11 @@ def vaccinate_module(
     msrc: ModuleSource,
     selection: Selection,
     module: str | None = None,
+    record: bool = True,
 ) -> tuple[types.CodeType, Report]:
-    """Vaccinate the selected code objects inside a module's code object."""
+    """Vaccinate the selected code objects inside a module's code object.
+    ``record``: the module's source becomes the one its file is known to run
+    (False: a reload's candidate, recorded only if the reload is applied)."""
     report = Report(msrc.filename, module)
     back = _check_version(report)
     if back is None:
@@ -230,7 +233,8 @@ def vaccinate_module(
 
     new_code = walk(code, None)
     _register(msrc.filename)
-    loaded = _registry.record(msrc.filename, module, selection, msrc.source, msrc)
+    loaded = _registry.record(msrc.filename, module, selection, msrc.source, msrc) if record \
+        else _registry.LoadedFile(msrc.filename, module, selection, msrc.source, msrc)
     for pending in stubs:
         pending.source = loaded
     return new_code, report

@@ -11,7 +11,6 @@ import builtins
 import cmd
 import contextlib
 import io
-import linecache
 import os
 import pprint
 import shlex
@@ -27,7 +26,7 @@ from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
-from ._report import summarize
+from ._report import running_line, running_lines, summarize
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -166,7 +165,7 @@ class Console(cmd.Cmd):
     def _show_focus(self) -> None:
         frame = self.frame
         lineno = self._frame_line(frame)
-        text = linecache.getline(frame.f_code.co_filename, lineno).strip()
+        text = running_line(frame.f_code.co_filename, lineno).strip()
         self.say(f"> frame {self.level}: {frame.f_code.co_filename}:{lineno} in "
                  f"{frame.f_code.co_qualname}()")
         if text:
@@ -229,7 +228,7 @@ class Console(cmd.Cmd):
             crashed = "  <- crashed here" if n == 0 else ""
             self.say(f"{mark} {n:2d} {frame.f_code.co_filename}:{lineno} in "
                      f"{frame.f_code.co_qualname}(){crashed}")
-            text = linecache.getline(frame.f_code.co_filename, lineno).strip()
+            text = running_line(frame.f_code.co_filename, lineno).strip()
             if text:
                 self.say(f"        {text}")
         return False
@@ -263,7 +262,7 @@ class Console(cmd.Cmd):
         """ll: the whole source of the focused frame's function"""
         frame = self.frame
         code = frame.f_code
-        lines = linecache.getlines(code.co_filename)
+        lines = running_lines(code.co_filename)
         first = code.co_firstlineno
         if code.co_name == "<module>":
             last = len(lines)
@@ -281,7 +280,7 @@ class Console(cmd.Cmd):
     def _list(self, frame, first: int, last: int, current: int) -> None:
         filename = frame.f_code.co_filename
         for n in range(first, last + 1):
-            text = linecache.getline(filename, n)
+            text = running_line(filename, n)
             if not text:
                 break
             marker = "->" if n == current else "  "

@@ -613,7 +613,12 @@ class Engine:
         if patch.resume is None:
             patch.result = reload(crash, patch.sources, patch.frame)
             caller = patch.result.caller
-            if caller is not None:
+            if patch.result.retry_caller is not None:
+                level = patch.result.retry_caller
+                crash.resolution.upward = (crash.exception, crash.frame_at(level),
+                                           DecisionPatch(RETRY, origin=patch.origin,
+                                                         frame=level))
+            elif caller is not None:
                 crash.resolution.upward = (crash.exception, crash.frame_at(caller.level),
                                            ReloadPatch(origin=patch.origin, frame=caller.level,
                                                        resume=caller))

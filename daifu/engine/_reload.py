@@ -77,6 +77,9 @@ class ReloadResult:
     #: continues in its new code: the engine hands the exception to that
     #: caller's barrier with this, and the continuation is built there
     caller: CallerResume | None = None
+    #: the crashed function changed but cannot continue in its new code: the
+    #: level of the caller whose statement -- the call -- is retried instead
+    retry_caller: int | None = None
 
     def summary(self) -> str:
         if not self.changes:
@@ -208,9 +211,24 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         if result.caller is not None:
             result.running = None  # (its new code is installed for later calls)
     if result.running is not None and crash is not None:
-        fn_, args, line = _continuation(crash, files[crash.filename], result.running)
-        result.running.detail = f"running: continues in the new code at line {line}"
-        result.continuation = (fn_, args)
+        try:
+            fn_, args, line = _continuation(crash, files[crash.filename], result.running)
+        except PatchError as exc:
+            # the new code is installed for later calls, and the running call
+            # is made again from its caller -- when there is one to make it
+            from ._replace import vaccinated_caller
+
+            up = vaccinated_caller(crash, 0) if crash.frame.f_code.co_name != "<module>" else None
+            if up is None:
+                raise
+            why = str(exc).removeprefix("reload: ").removesuffix(" (nothing was changed)")
+            result.retry_caller = up
+            result.running.detail = (
+                f"running: {why}; its call is re-executed from caller frame {up} "
+                f"({crash.frame_at(up).f_code.co_qualname}), in the new code")
+        else:
+            result.running.detail = f"running: continues in the new code at line {line}"
+            result.continuation = (fn_, args)
     if not installs and not added and result.running is None and result.caller is None:
         # nothing to apply: a reload that changes nothing must not resume the
         # crash (a retry would fail the same way and burn the attempts)
@@ -299,7 +317,7 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
                 strict, options.strict = options.strict, False
                 try:
                     live_module, _ = vaccinate_module(plain_module, msrc, loaded.selection,
-                                                      loaded.module)
+                                                      loaded.module, record=False)
                 finally:
                     options.strict = strict
         else:

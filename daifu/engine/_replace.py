@@ -80,13 +80,22 @@ def rerun_level(crash: Crash, replaced: tuple[int, str]) -> int:
     the nearest vaccinated caller above it, whose statement calls it anew
     (through library frames such as ``Module.__call__``).  Raises
     ``PatchError`` when there is none."""
+    level, name = replaced
+    up = vaccinated_caller(crash, level)
+    if up is not None:
+        return up
+    raise PatchError(f"cannot retry: {name}() was replaced while it runs (frame {level}), and a "
+                     "running call keeps its old code; none of its callers is vaccinated to "
+                     "call it again (vaccinate the caller with --entry, or skip)")
+
+
+def vaccinated_caller(crash: Crash, level: int) -> int | None:
+    """The level of the nearest vaccinated caller of the frame at ``level``
+    on the crashed stack (library frames between are passed), or None."""
     from ..cells import cells_of
 
-    level, name = replaced
     frames = crash.frames()
     for up in range(level + 1, len(frames)):
         if cells_of(frames[up].f_code) is not None:
             return up
-    raise PatchError(f"cannot retry: {name}() was replaced while it runs (frame {level}), and a "
-                     "running call keeps its old code; none of its callers is vaccinated to "
-                     "call it again (vaccinate the caller with --entry, or skip)")
+    return None

@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import cells as _registry
 from ._crash import exception_text, is_plumbing
 from ._events import distributed
 
@@ -77,13 +78,29 @@ class Report:
         return "\n".join(out)
 
 
+def running_lines(filename: str) -> list[str]:
+    """The lines of the source a file's code runs: for a vaccinated file, the
+    text it was loaded (or last reloaded) from -- not an edit saved since,
+    which ``linecache`` would show -- else what ``linecache`` has."""
+    loaded = _registry.get(filename)
+    if loaded is not None:
+        return loaded.source.splitlines(True)
+    return linecache.getlines(filename)
+
+
+def running_line(filename: str, lineno: int) -> str:
+    """Line ``lineno`` (1-based) of ``running_lines``, or ""."""
+    lines = running_lines(filename)
+    return lines[lineno - 1] if 1 <= lineno <= len(lines) else ""
+
+
 def build(crash: Crash, context: int = 3) -> Report:
     exc = crash.exception
     lineno = crash.lineno or 0
     end = crash.cell.end_lineno or lineno
     lines = []
     for n in range(max(1, lineno - context), end + context + 1):
-        text = linecache.getline(crash.filename, n).rstrip("\n")
+        text = running_line(crash.filename, n).rstrip("\n")
         if not text and n > end:
             break
         lines.append((n, text, lineno <= n <= end))
@@ -275,7 +292,7 @@ def _done_before(code: types.CodeType, lasti: int) -> list[str]:
 def _source_at(filename: str, pos) -> str:
     if pos is None or pos.lineno is None or pos.lineno != pos.end_lineno:
         return ""
-    line = linecache.getline(filename, pos.lineno)
+    line = running_line(filename, pos.lineno)
     if pos.col_offset is None or pos.end_col_offset is None:
         return line.strip()
     return line.encode()[pos.col_offset : pos.end_col_offset].decode(errors="replace")
