@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-3.11 test-3.13 bench scenarios lint clean
+.PHONY: setup demo test test-3.11 test-3.13 check bench scenarios lint clean
 
 # CPython 3.13: built from the source tarball in ../shared/toolchains when this
 # machine has none (about 4 minutes, once); torch is optional there
@@ -37,6 +37,11 @@ test: test-3.11 test-3.13
 test-3.11: setup $(VENV)/.frameworks
 	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 $(PY) -m pytest
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
+
+## check: the fast lane (under 3 minutes on 2 cores): lint, then every test not
+## marked slow, on CPython 3.11 -- what to run before each commit; CI runs `make test`
+check: lint
+	$(PY) -m pytest -m "not slow" -q
 
 ## test-3.13: the whole suite under CPython 3.13 (the torch tests skip without torch)
 test-3.13:

@@ -72,6 +72,7 @@ def _run(args, cwd, env=None, daifu=True):
                           env={**os.environ, "DAIFU_CONSOLE": "0", **(env or {})})
 
 
+@pytest.mark.slow
 def test_a_crash_given_up_saves_the_state_and_resuming_from_it_is_exact(tmp_path):
     pytest.importorskip("torch", reason="PyTorch not available")
     (tmp_path / "train.py").write_text(TRAIN)
@@ -109,6 +110,7 @@ def test_a_crash_given_up_saves_the_state_and_resuming_from_it_is_exact(tmp_path
     assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "reference.pt"))
 
 
+@pytest.mark.slow
 def test_no_checkpoint_and_a_directory_that_cannot_be_written(tmp_path):
     pytest.importorskip("torch", reason="PyTorch not available")
     (tmp_path / "train.py").write_text(TRAIN)
@@ -143,6 +145,7 @@ def test_a_program_without_training_state_gets_no_file(tmp_path):
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_on_demand_while_the_job_waits(tmp_path):
     """``send PID checkpoint [PATH]`` (the console's ``checkpoint``) saves the
     same state while the job waits at a crash; the job goes on waiting."""
@@ -246,6 +249,7 @@ def _preempt(tmp_path, args, after_steps=5, env=None):
     return proc.returncode, seen + out, err, time.monotonic() - sent
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_loops_next_iteration_and_ends_as_python_does(tmp_path):
     pytest.importorskip("torch", reason="PyTorch not available")
     (tmp_path / "train.py").write_text(PREEMPTED)

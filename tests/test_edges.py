@@ -353,6 +353,7 @@ def test_control_channel_answers_garbage_with_an_error_and_keeps_serving(waiting
     assert proc.returncode == 1
 
 
+@pytest.mark.slow
 def test_send_retry_exits_0_when_the_job_resumed_even_if_it_finishes_at_once(tmp_path):
     for _ in range(8):
         proc = subprocess.Popen([sys.executable, "-m", "daifu", "--wait", "60",

@@ -297,6 +297,7 @@ print("forked")
 '''
 
 
+@pytest.mark.slow
 def test_what_the_first_crash_imports_is_imported_off_its_path(tmp_path):
     # the first crash imported ~200 modules (structlog, rich, asyncio...):
     # 80-120 ms from the raise to the first rule; now a daemon thread imports

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import daifu
 
 from .support import run_daifu, vaccinate
@@ -58,6 +60,7 @@ def _wait_for_socket(proc: subprocess.Popen, timeout: float = 60) -> Path:
     return sock
 
 
+@pytest.mark.slow
 def test_wait_inf_waits_until_told(tmp_path):
     # `--wait inf` / DAIFU_WAIT=inf gave up at once (the job was lost)
     script = tmp_path / "nested.py"
