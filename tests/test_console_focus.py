@@ -351,3 +351,57 @@ def test_rank_n_on_rank_ns_own_console(program, monkeypatch):
     program["train"](["c.txt"])
     assert "this is rank 1's own crash" in seen["own"]
     assert "rank '0' does not wait on a crash" in seen["other"]
+
+
+def test_abort_gives_up_the_crash_wherever_the_focus_is(program):
+    answers = []
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        answers.extend(_session(crash, ["up", "abort"]))
+        return None
+
+    with capture() as events, pytest.raises(KeyError):
+        program["train"](["c.txt"])
+    (_, up_ok, _, _), (_, abort_ok, text, decision) = answers
+    assert up_ok and abort_ok and decision is daifu.ABORT, text
+    assert [e["reason"] for e in events if e["event"] == "crash.gave_up"] == ["aborted by a fix"]
+
+
+def test_a_decision_the_callers_statement_cannot_take_is_refused_at_once(program):
+    answers = []
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        # train()'s statement is inside its for loop: next works there; frame 1
+        # is train(), whose `out.append(step(...))` can be retried or skipped
+        answers.extend(_session(crash, ["up", "next"]))
+        return None
+
+    out, _ = program["train"](["c.txt", "a.txt"])
+    assert out == [10]
+    assert answers[1][1] and answers[1][3] is daifu.CONTINUE
+
+
+def test_next_in_a_caller_without_a_loop_is_refused_before_anything_moves():
+    ns = vaccinate(PROGRAM + '''
+def main():
+    return step("c.txt", [])
+''', entries=("step", "main"))
+    answers = []
+
+    @daifu.on(KeyError)
+    def console(crash):
+        if crash.function != "step":
+            return None
+        answers.extend(_session(crash, ["up", "next", "down", "!path = 'a.txt'", "retry"]))
+        return None
+
+    assert ns["main"]() == 10
+    _, (_, ok, text, decision), *_ = answers
+    assert not ok and decision is None
+    assert "cannot continue in caller frame 1 (main)" in text, text

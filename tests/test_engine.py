@@ -520,3 +520,25 @@ def test_replace_while_running_with_no_vaccinated_caller_refuses_the_retry():
     rejected = [e for e in logs if e["event"] == "patch.rejected"]
     assert "none of its callers is vaccinated" in rejected[0]["reason"]
     assert ns["train"]([(6, 2)]) == [1.0]  # the replacement is installed for later calls
+
+
+def test_a_multi_line_statement_is_the_crash_statement_whole():
+    ns = vaccinate('''
+def f(xs):
+    total = sum(
+        10 // x
+        for x in xs)
+    return total
+''')
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):  # a rule that matches on the statement's later lines fires
+        if "for x in xs" not in crash.statement:
+            return None
+        fix.seen = crash.statement
+        return daifu.ABORT
+
+    fix.seen = None
+    with pytest.raises(ZeroDivisionError):
+        ns["f"]([0])
+    assert fix.seen == "total = sum(\n        10 // x\n        for x in xs)"

@@ -266,7 +266,8 @@ class ModuleSource:
         return tuple(out)
 
     def text(self, stmt: ast.stmt) -> str:
-        """Source text of a simple statement, or the header of a compound one."""
+        """Source text of a simple statement (all of its lines), or the header
+        of a compound one."""
         if isinstance(stmt, ast.Match):
             return "match " + (self.segment(stmt.subject) or "?") + ":"
         body = getattr(stmt, "body", None)
@@ -274,7 +275,7 @@ class ModuleSource:
             seg = self.segment(stmt)
             if seg is None:
                 return self.line(stmt.lineno)
-            return seg if "\n" not in seg else seg.splitlines()[0] + " ..."
+            return seg
         # compound statement: its header line(s), up to the first body statement
         first = body[0]
         lines = self.lines[stmt.lineno - 1 : first.lineno - 1] or [self.line(stmt.lineno)]

@@ -318,7 +318,9 @@ class Console(cmd.Cmd):
 
     def _decide(self, decision: Decision) -> bool:
         try:  # checked (can it retry here?) and journaled by the engine, like any patch
-            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=self.level,
+            # (abort gives up the crash itself, wherever the focus is)
+            frame = 0 if decision is ABORT else self.level
+            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=frame,
                                              scope=self.scope), self.crash)
         except PatchError as err:
             self.ok = False

@@ -660,10 +660,23 @@ class Engine:
         if patch.decision is RELOAD or patch.decision is ABORT:
             raise PatchError(f"{patch.decision.value} applies to the crash, not to a caller frame")
         target = crash.frame_at(patch.frame)
-        if cells_of(target.f_code) is None:
+        info = cells_of(target.f_code)
+        if info is None:
             raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) is not "
                              "vaccinated: it has no crash barrier to take the decision (vaccinate "
                              "it with --entry, or decide here)")
+        # the caller's statement -- its call -- must take the decision: said
+        # now, not after the exception left the crashed frame
+        found = cell_range(info, target.f_code, target.f_lasti)
+        if found is None:
+            raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) has no "
+                             "crash barrier at its current statement")
+        cell = found[2]
+        why = {RETRY: cell.retry_reason, SKIP: cell.skip_reason,
+               CONTINUE: cell.continue_reason}.get(patch.decision)
+        if why:
+            raise PatchError(f"cannot {patch.decision.value} in caller frame {patch.frame} "
+                             f"({target.f_code.co_qualname}): {why}")
         crash.resolution.upward = (crash.exception, target, patch)
         return patch.decision
 
