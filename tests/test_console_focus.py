@@ -405,3 +405,38 @@ def main():
     _, (_, ok, text, decision), *_ = answers
     assert not ok and decision is None
     assert "cannot continue in caller frame 1 (main)" in text, text
+
+
+def test_up_says_when_a_retry_there_would_remake_a_dataloader_iterator():
+    pytest.importorskip("torch", reason="PyTorch not available")
+    ns = vaccinate('''
+import torch
+from torch.utils.data import DataLoader
+
+def epoch(loader, seen):
+    for batch in loader:
+        seen.append(batch)
+        if len(seen) == 2:
+            raise RuntimeError("bad batch")
+
+def train(loader, seen):
+    for _ in range(1):
+        epoch(loader, seen)
+    return seen
+''', entries=("epoch", "train"))
+    answers = []
+
+    @daifu.on(RuntimeError)
+    def console(crash):
+        answers.extend(_session(crash, ["up", "down", "up", "skip"]))
+        return None
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(torch.arange(8), batch_size=2, shuffle=True)
+    assert len(ns["train"](loader, [])) == 2  # skip in train(): the epoch call is left
+    up, down, _, _ = answers
+    assert "note: retry here re-executes the call: epoch() iterates loader (a DataLoader): " \
+           "the retry makes a new iterator of it, which draws a new seed" in up[2]
+    assert "note:" not in down[2]  # (frame 0: a retry repeats the statement alone)

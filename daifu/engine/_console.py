@@ -26,7 +26,7 @@ from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
-from ._report import running_line, running_lines, summarize
+from ._report import redraws, running_line, running_lines, summarize
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -170,6 +170,9 @@ class Console(cmd.Cmd):
                  f"{frame.f_code.co_qualname}()")
         if text:
             self.say(f"    {text}")
+        if self.level:  # what a retry here would draw anew (say it before the choice)
+            for note in redraws(self.crash, self.level):
+                self.say(f"  note: retry here re-executes the call: {note}")
 
     def _move(self, arg: str, direction: int) -> bool:
         frames = self.crash.frames()

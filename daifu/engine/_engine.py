@@ -677,6 +677,12 @@ class Engine:
         if why:
             raise PatchError(f"cannot {patch.decision.value} in caller frame {patch.frame} "
                              f"({target.f_code.co_qualname}): {why}")
+        if patch.decision is RETRY:
+            from ._report import redraws
+
+            notes = redraws(crash, patch.frame)
+            if notes:
+                crash.resolution.note = "; ".join([crash.resolution.note, *notes]).strip("; ")
         crash.resolution.upward = (crash.exception, target, patch)
         return patch.decision
 

@@ -139,6 +139,80 @@ def options(crash: Crash) -> list[str]:
     return out
 
 
+def redraws(crash: Crash, level: int) -> list[str]:
+    """What re-executing the call in caller frame ``level`` of the crashed
+    stack (unwinding the frames below it) draws from the global RNGs anew: each DataLoader
+    those frames' ``for`` loops are iterating (``for b in loader``, also
+    inside ``enumerate(...)``/``zip(...)``) is iterated again from a new
+    iterator, which draws a new base seed."""
+    data = sys.modules.get("torch.utils.data")
+    loader_type = getattr(data, "DataLoader", None)
+    if loader_type is None:
+        return []
+    import ast
+
+    out = []
+    for n, frame in enumerate(crash.frames()[:level]):
+        try:
+            loaded = _registry.get(frame.f_code.co_filename)
+            line = crash.lineno if n == 0 else frame.f_lineno
+            if loaded is None or line is None:
+                continue
+            names = read_locals_safe(frame)
+            for node in ast.walk(loaded.msrc.tree):
+                if not isinstance(node, (ast.For, ast.AsyncFor)) or not (
+                        node.lineno <= line <= (node.end_lineno or node.lineno)) or \
+                        line == node.lineno and not _inside(node, line):
+                    continue
+                for expr in _iterated(node.iter):
+                    value = _lookup(expr, names, frame.f_globals)
+                    if isinstance(value, loader_type):
+                        out.append(f"{frame.f_code.co_qualname}() iterates "
+                                   f"{ast.unparse(expr)} (a DataLoader): the retry makes a new "
+                                   "iterator of it, which draws a new seed from torch's global "
+                                   "RNG, so the run will not be identical to an uninterrupted "
+                                   "one")
+        except Exception:
+            continue
+    return out
+
+
+def _inside(node, line: int) -> bool:
+    return any(getattr(b, "lineno", 0) <= line for b in node.body)
+
+
+def _iterated(expr) -> list:
+    """The plain names/attributes a for loop's iterable reads directly."""
+    import ast
+
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return [expr]
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and \
+            expr.func.id in ("enumerate", "zip", "iter", "tqdm"):
+        return [a for a in expr.args if isinstance(a, (ast.Name, ast.Attribute))]
+    return []
+
+
+def _lookup(expr, names: dict, globals_: dict) -> Any:
+    import ast
+
+    if isinstance(expr, ast.Name):
+        return names.get(expr.id, globals_.get(expr.id))
+    if isinstance(expr, ast.Attribute):
+        owner = _lookup(expr.value, names, globals_)
+        return getattr(owner, expr.attr, None) if owner is not None else None
+    return None
+
+
+def read_locals_safe(frame: types.FrameType) -> dict:
+    from ..cells import read_locals
+
+    try:
+        return read_locals(frame)
+    except Exception:
+        return {}
+
+
 # -- values ---------------------------------------------------------------------------
 
 _repr = reprlib.Repr()
