@@ -542,3 +542,11 @@ def f(xs):
     with pytest.raises(ZeroDivisionError):
         ns["f"]([0])
     assert fix.seen == "total = sum(\n        10 // x\n        for x in xs)"
+
+
+def test_a_crash_nobody_is_asked_about_says_how_to_make_it_wait(m):
+    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
+        m["divide_all"]([0])
+    reason = next(e["reason"] for e in logs if e["event"] == "crash.gave_up")
+    assert reason.startswith("no fix available")
+    assert "run with --wait SECONDS (DAIFU_WAIT), then: python -m daifu attach PID" in reason

@@ -399,9 +399,13 @@ class Engine:
             crash.resolution.final = True
         if waited:
             return None, waited
+        # a job nobody is asked about (headless, no --wait): say how to make it wait
+        hint = "" if self.waiters else (
+            "; to keep a crash waiting for a fix, run with --wait SECONDS (DAIFU_WAIT), "
+            "then: python -m daifu attach PID")
         if not len(self.rules) and not self.waiters:
-            return None, "no fix available (no rules registered, no console)"
-        return None, "no rule fixed it"
+            return None, "no fix available (no rules registered, no console)" + hint
+        return None, "no rule fixed it" + hint
 
     def _conclude(self, crash: Crash, key, res: Resolution) -> int | tuple:
         """The stub's answer, made from ``res`` alone: a code (retry, skip,
