@@ -41,6 +41,7 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   edit             open $EDITOR at the failing line, then reload
   abort   (a)      give up: the exception continues as without daifu
   pass             no fix here: hand the exception to a vaccinated caller
+  continue (c)     resume a job paused by break (send PID break): nothing runs twice
   always DECISION  DECISION here, and for every later crash of this type at this statement
                    (after this crash's exec patches); always: list them; always clear
   checkpoint [PATH]  save the training state now (modules, optimizers, RNG, position)
@@ -347,6 +348,19 @@ class Console(cmd.Cmd):
     def do_abort(self, arg: str) -> bool:
         """abort: give up; the exception continues exactly as without daifu"""
         return self._decide(ABORT)
+
+    def do_continue(self, arg: str) -> bool:
+        """continue: resume a job paused by break (nothing runs twice)"""
+        from ._break import is_break
+
+        if not is_break(self.crash.exception):
+            self.ok = False
+            self.say("continue resumes a job paused by break; at a crash: retry, skip, next "
+                     "or abort")
+            return False
+        return self._decide(RETRY)
+
+    do_c = do_cont = do_continue
 
     def do_pass(self, arg: str) -> bool:
         """pass: no fix here; a vaccinated caller gets the exception"""

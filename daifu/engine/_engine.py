@@ -44,9 +44,11 @@ from ..cells import (
     target_files,
 )
 from . import _distributed
+from ._break import is_break
 from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, Resolution
 from ._events import (
+    BreakPaused,
     CrashGaveUp,
     CrashIntercepted,
     CrashPassed,
@@ -216,6 +218,8 @@ class Engine:
             return RAISE_CODE
         tls.busy = True
         try:
+            if is_break(exc):  # ``send PID break``: a pause, not a crash (``_break``)
+                return self._handle_break(exc, cell, lasti, stack, frame)
             if not self._is_crash(exc, cell, stack, frame):
                 if self._pending:  # a retry that raised again and is not a crash: it is over
                     with self._lock:
@@ -288,6 +292,38 @@ class Engine:
         finally:
             self._tls.group = None
             self._end_group(group, crash)
+            self._tls.crash = None
+            crash._release()
+
+    def _handle_break(self, exc, cell, lasti, stack, frame) -> int | tuple:
+        """A job paused by ``break`` at a statement that has not started: a
+        human decides (no rule, replay or standing answer); anything but a
+        decision resumes it, running nothing twice."""
+        if id(exc) in self._forward:  # a decision taken at the pause, for this caller
+            return self._handle(exc, cell, lasti, stack, frame)
+        crash = Crash(self, exc, cell, frame, lasti, stack, 1, time.perf_counter())
+        self._tls.crash = crash
+        try:
+            emit(BreakPaused(where=crash.where, function=crash.function,
+                             statement=crash.statement))
+            decision = None
+            for waiter in self.waiters or [_break_waiter()]:
+                try:
+                    waiter.wait(crash, self)
+                except Exception:
+                    self._internal("waiter", crash)
+                decision = self._drain(crash)
+                if decision is not None:
+                    break
+            res = crash.resolution
+            if decision is None or decision is ABORT:
+                decision, res.upward = RETRY, None
+            res.decision, res.reason = decision, "break"
+            return self._conclude(crash, (id(frame), cell), res)
+        except BaseException:
+            self._internal("break", crash)
+            return RETRY_CODE  # the statement had not started: nothing runs twice
+        finally:
             self._tls.crash = None
             crash._release()
 
@@ -424,7 +460,7 @@ class Engine:
         if decision is RELOAD:
             result = res.reload
             if result is not None and result.continuation is not None:
-                self._count("recovered", 1)
+                self._count("recovered", 0 if is_break(crash.exception) else 1)
                 emit(CrashResumed(where=crash.where, action="reload", attempt=crash.attempt,
                                   latency_ms=_ms(crash.started)))
                 return tuple(result.continuation)  # (function, args): the frame returns it
@@ -435,7 +471,8 @@ class Engine:
         self._record("outcome", crash, (decision.value if decision else "no-fix"), reason)
         if decision is RETRY or decision is SKIP or decision is CONTINUE:
             # counted as recovered now; a retry that fails again takes it back
-            self._count("recovered", 1)
+            pause = is_break(crash.exception)
+            self._count("recovered", 0 if pause else 1)
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started)))
             resumed = res.continuation
@@ -445,10 +482,14 @@ class Engine:
                 return SKIP_CODE
             if decision is CONTINUE:
                 return CONTINUE_CODE
+            if pause:
+                return RETRY_CODE  # (no attempt to count: the statement had not started)
             with self._lock:
                 self._pending[key] = _Pending(crash.attempt, crash.started)
                 while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
                     self._pending.pop(next(iter(self._pending)))
+            return RETRY_CODE
+        if is_break(crash.exception):  # a pause never gives up: the job goes on here
             return RETRY_CODE
         passable = decision is None and not res.final and (self.rules or self.waiters)
         if passable and _vaccinated_caller(crash.frame):
@@ -799,6 +840,14 @@ class Engine:
         self.stats.clear()
         self.journal = None
         self.replay = None
+
+
+def _break_waiter():
+    """Who a pause waits for when the job has no waiter of its own (headless,
+    no --wait): the control endpoint, until told -- pausing was asked for."""
+    from ._waiter import Waiter
+
+    return Waiter(console=sys.stdin.isatty() and sys.stderr.isatty(), wait=None)
 
 
 def _in_retry_copy(cell: Cell, frame: types.FrameType, lasti: int) -> bool:

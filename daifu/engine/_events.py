@@ -118,6 +118,16 @@ class CrashGaveUp(Event):
 
 
 @dataclass(frozen=True)
+class BreakPaused(Event):
+    """``send PID break``: the job paused at a statement, before running it."""
+
+    event: ClassVar[str] = "break.paused"
+    where: str
+    function: str
+    statement: str
+
+
+@dataclass(frozen=True)
 class CrashPassed(Event):
     """No fix here; the exception goes on to a vaccinated caller's barrier."""
 

@@ -50,7 +50,8 @@ class Report:
     options: list[str] = field(default_factory=list)
 
     def render(self, width: int = 100) -> str:
-        out = [f"daifu: crash intercepted -- {self.title}", f"  at {self.where}"]
+        head = "paused (break)" if self.title.startswith("Break: ") else "crash intercepted"
+        out = [f"daifu: {head} -- {self.title}", f"  at {self.where}"]
         rank = distributed()
         if rank:  # which rank of a distributed job (several may share a terminal)
             out.append(f"  on rank {rank.get('rank', '?')} of {rank.get('world_size', '?')} "
@@ -125,6 +126,13 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
 
 
 def options(crash: Crash) -> list[str]:
+    from ._break import is_break
+
+    if is_break(crash.exception):
+        said = ["continue (run on from here: the statement has not started)",
+                "skip (leave the statement out)" if crash.can_skip else "",
+                "reload, exec, up as at a crash"]
+        return [o for o in said if o]
     out = []
     batch = crash.batch is not None  # a DataLoader batch failed at this loop header
     if crash.can_retry:

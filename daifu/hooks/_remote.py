@@ -84,6 +84,8 @@ def send(args: list[str]) -> int:
               file=sys.stderr)
         return FAILED
     pid, words = int(args[0]), args[1:]
+    if words == ["break"] and not job:
+        return pause(pid, "daifu send")
     text = " ".join(words)
     if words[0] == "exec" and len(words) > 1:
         text = "exec\n" + " ".join(words[1:]) + "\n"
@@ -95,6 +97,56 @@ def send(args: list[str]) -> int:
         print(f"daifu send: {exc}", file=sys.stderr)
         return NO_JOB
     return _answer(reply)
+
+
+def _waiting(pid: int) -> bool:
+    try:
+        return bool(request(pid, {"op": "status"}, timeout=2.0).get("ok"))
+    except (EndpointError, OSError):
+        return False
+
+
+def pause(pid: int, who: str, timeout: float = 10.0) -> int:
+    """``send PID break``: pause a running job at its next statement in a
+    vaccinated frame (``engine/_break.py``); it then waits like a crash
+    (``attach PID``, ``send PID continue``).  Exit status 1: paused and
+    waiting."""
+    if _waiting(pid):
+        print(f"{who}: job {pid} is already waiting (attach to it, or send it a command)",
+              file=sys.stderr)
+        return STILL_WAITING
+    jobs = {j["pid"]: j for j in running_jobs()}
+    if pid not in jobs:
+        print(f"{who}: no daifu job of yours with pid {pid} is running "
+              "(python -m daifu ps lists them)", file=sys.stderr)
+        return NO_JOB
+    signum = jobs[pid].get("break_signal")
+    if not signum:
+        print(f"{who}: job {pid} cannot be paused (its program handles the signal break "
+              "uses, or it started without daifu's runner)", file=sys.stderr)
+        return FAILED
+    try:
+        os.kill(pid, int(signum))
+    except OSError as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return NO_JOB
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = request(pid, {"op": "status"}, timeout=2.0)
+        except (EndpointError, OSError):
+            time.sleep(0.1)
+            continue
+        if status.get("ok"):
+            print(f"paused at {status.get('where')} in {status.get('function')}(): "
+                  f"{status.get('statement')}")
+            return STILL_WAITING
+        time.sleep(0.1)
+    print(f"{who}: job {pid} has not paused within {timeout:g}s: its main thread has not "
+          "reached a statement of a vaccinated function (it may be in a long C call: "
+          f"python -m daifu stacks {pid} shows where); it pauses when it does",
+          file=sys.stderr)
+    return FAILED
 
 
 def _answer(reply: dict, prefix: str = "") -> int:
@@ -150,6 +202,10 @@ def attach(args: list[str]) -> int:
         print("usage: python -m daifu attach PID", file=sys.stderr)
         return FAILED
     pid = int(args[0])
+    if not _waiting(pid) and pid in {j["pid"] for j in running_jobs()}:
+        status = pause(pid, "daifu attach")  # a running job: pause it first
+        if status != STILL_WAITING:
+            return status
     try:
         session = Session(pid)
         hello = session.open()

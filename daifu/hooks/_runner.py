@@ -307,13 +307,14 @@ def _register_job(script, module, args, cfg) -> None:
     program = [script] if script is not None else ["-m", module]
     import threading
 
+    from ..engine._break import serve_break
     from ..engine._events import distributed
     from ..engine._rundir import serve_stacks
 
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
             "log": cfg.log, "journal": cfg.journal, **distributed(),
-            "stacks_signal": serve_stacks(),
+            "stacks_signal": serve_stacks(), "break_signal": serve_break(),
             "main_thread": f"{threading.main_thread().ident:#018x}"}
     if register_job(info) is not None:
         atexit.register(unregister_job)

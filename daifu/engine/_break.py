@@ -1,0 +1,147 @@
+"""``python -m daifu send PID break``: pause a running job at its next
+statement in a vaccinated frame, with no exception of the program raised.
+
+How (see docs/architecture.md, "break"):
+
+1. the runner installs a Python handler for ``BREAK_SIGNAL`` (a real-time
+   signal no program is likely to use) unless the program has its own;
+2. the handler -- run by the interpreter in the main thread between two
+   bytecodes -- arms a tracer, as pdb's ``set_trace`` does: ``sys.settrace``
+   for calls from now on, ``f_trace`` on every frame of the stack;
+3. the tracer watches "line" events of vaccinated frames only.  At the first
+   one that stands at the *start* of a cell whose statement can be retried
+   -- nothing of that statement has run yet -- it disarms and raises
+   ``Break`` there.  The cell's barrier, the innermost handler of that
+   instruction, takes it;
+4. the engine treats a ``Break`` as a pause, not a crash: no rule, replay or
+   standing answer sees it; a human does (the console on the job's terminal,
+   else the control endpoint, waiting until told).  ``continue`` is a retry
+   of the statement that had not started: nothing runs twice.  ``p``,
+   ``exec``, ``up``, ``reload`` work as at a crash; whatever else happens
+   (the wait ends, ``abort``) resumes the same way.
+
+``Break`` derives from ``BaseException``: a program's ``except Exception``
+between the paused frame and a caller that takes a decision never sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import types
+from typing import Any
+
+#: the signal ``send PID break`` sends (``_rundir.STACKS_SIGNAL`` is +5)
+BREAK_SIGNAL = getattr(signal, "SIGRTMIN", 34) + 6
+
+
+class Break(BaseException):
+    """Raised by daifu itself at a statement boundary to pause the job there
+    (never by the program, never seen by it)."""
+
+    def __init__(self, who: str = "python -m daifu send PID break") -> None:
+        super().__init__(f"paused at your request ({who}); continue resumes here, "
+                         "running nothing twice")
+
+
+def is_break(exc: BaseException) -> bool:
+    return type(exc) is Break
+
+
+_lock = threading.Lock()
+_armed: list[types.FrameType] = []  # frames given an f_trace (cleared when disarmed)
+_state: dict[str, Any] = {"armed": False, "previous": None}
+
+
+def serve_break() -> int | None:
+    """Install the handler (main thread; the program's own handler for the
+    signal is kept, and break is then not available).  Returns the signal,
+    or None where it cannot be had."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        if signal.getsignal(BREAK_SIGNAL) not in (signal.SIG_DFL, None):
+            return None
+        signal.signal(BREAK_SIGNAL, _on_signal)
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
+    os.register_at_fork(after_in_child=_not_in_children)
+    return BREAK_SIGNAL
+
+
+def _not_in_children() -> None:
+    """A forked child (a DataLoader worker) is not the job a user pauses."""
+    try:
+        signal.signal(BREAK_SIGNAL, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    _disarm()
+
+
+def _on_signal(signum: int, frame: types.FrameType | None) -> None:
+    if sys.gettrace() is not None:  # a debugger, coverage, a profiler: theirs
+        sys.stderr.write("daifu: break: a tracer is already active in this process "
+                         "(a debugger or coverage), so daifu cannot pause it\n")
+        return
+    arm(frame)
+
+
+def arm(frame: types.FrameType | None) -> None:
+    """Pause at the next statement of a vaccinated frame of this thread."""
+    from ..cells import cells_of
+
+    with _lock:
+        _state["armed"] = True
+        f = frame
+        while f is not None:
+            if cells_of(f.f_code) is not None:
+                f.f_trace = _local
+                _armed.append(f)
+            f = f.f_back
+    sys.settrace(_global)
+
+
+def _disarm() -> None:
+    sys.settrace(None)
+    with _lock:
+        _state["armed"] = False
+        for f in _armed:
+            try:
+                f.f_trace = None
+            except Exception:
+                pass
+        _armed.clear()
+
+
+def _global(frame: types.FrameType, event: str, arg: Any):
+    from ..cells import cells_of
+
+    if event == "call" and cells_of(frame.f_code) is not None:
+        return _local
+    return None
+
+
+def _local(frame: types.FrameType, event: str, arg: Any):
+    if event != "line" or not _state["armed"]:
+        return _local if _state["armed"] else None
+    if _at_a_statement_start(frame):
+        _disarm()
+        raise Break()
+    return _local
+
+
+def _at_a_statement_start(frame: types.FrameType) -> bool:
+    from ..cells import cells_of
+    from ._engine import ENGINE
+    from ._guards import cell_range
+
+    if getattr(ENGINE._tls, "busy", False):
+        return False  # inside daifu's own handling (a rule calling the program)
+    info = cells_of(frame.f_code)
+    if info is None:
+        return False
+    found = cell_range(info, frame.f_code, frame.f_lasti)
+    return (found is not None and found[0] == frame.f_lasti and not found[3]
+            and found[2].can_retry)
