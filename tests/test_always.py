@@ -40,7 +40,7 @@ FIRST_CRASH_CONSOLE = textwrap.dedent('''
         CALLS.append(crash.where)
         print("rule called", len(CALLS), flush=True)
         for line in ("exec LABELS[2] = 'other'", "always retry", "always"):
-            print(run_line(crash, ENGINE, line, "console")[1].rstrip(), flush=True)
+            print(run_line(crash, ENGINE.door(crash), line, "console")[1].rstrip(), flush=True)
         return None
 ''')
 
@@ -77,7 +77,7 @@ def test_always_list_clear_and_bad_words(tmp_path):
         def console(crash):
             for line in ("always", "always maybe", "up", "always skip", "down", "always clear",
                          "exec LABELS[2] = 'x'", "always retry"):
-                c, out = run_line(crash, ENGINE, line, "console")
+                c, out = run_line(crash, ENGINE.door(crash), line, "console")
                 print(f"{line!r} ok={c.ok}: {out.strip()}", flush=True)
                 if c.decision is not None:
                     break

@@ -48,7 +48,7 @@ class Scripted:
     def wait(self, crash, engine):
         self.seen.append((crash.function, crash.statement, type(crash.exception).__name__))
         for line in self.lines:
-            console, out = run_line(crash, engine, line, "test")
+            console, out = run_line(crash, engine.door(crash), line, "test")
             self.outputs.append((line, console.ok, out.strip()))
             if console.decision is not None:
                 return None

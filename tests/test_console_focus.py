@@ -47,7 +47,7 @@ def program():
 def _session(crash, lines):
     transcript = []
     for line in lines:
-        console, out = run_line(crash, ENGINE, line, "test")
+        console, out = run_line(crash, ENGINE.door(crash), line, "test")
         transcript.append((line, console.ok, out.rstrip(), console.decision))
     return transcript
 
@@ -130,7 +130,8 @@ def test_listing_and_completion_follow_the_focus(program):
     def console(crash):
         if crash.function != "step":
             return None
-        c = Console(crash, ENGINE, stdin=io.StringIO(), stdout=io.StringIO(), local=False)
+        c = Console(crash, ENGINE.door(crash), stdin=io.StringIO(), stdout=io.StringIO(),
+                    local=False)
         seen["names"] = c.completedefault("pa", "pa", 0, 2)
         seen["attrs"] = c.completedefault("attempts.app", "attempts.app", 0, 12)
         seen["call"] = c.completedefault("load(1).x", "load(1).x", 0, 9)  # never called
@@ -239,7 +240,7 @@ def test_log_lines_wait_while_the_console_has_the_terminal(program, monkeypatch)
     def console(crash):
         if crash.function != "step":
             return None
-        c = Console(crash, ENGINE, stdin=io.StringIO("!path = 'a.txt'\nretry\n"),
+        c = Console(crash, ENGINE.door(crash), stdin=io.StringIO("!path = 'a.txt'\nretry\n"),
                     stdout=Recorder("console"), local=True)
         c.use_rawinput = False
         _loop(c, crash)
@@ -318,9 +319,10 @@ def test_all_bang_statement_and_checkpoint_path_are_commands_not_python(program)
     def console(crash):
         if crash.function != "step":
             return None
-        seen["all"] = run_line(crash, ENGINE, "all !n = 6", "test")[1]
-        seen["checkpoint"] = run_line(crash, ENGINE, "checkpoint /nonexistent/x.pt", "test")[1]
-        seen["assign"] = run_line(crash, ENGINE, "checkpoint = 3", "test")
+        seen["all"] = run_line(crash, ENGINE.door(crash), "all !n = 6", "test")[1]
+        seen["checkpoint"] = run_line(crash, ENGINE.door(crash), "checkpoint /nonexistent/x.pt",
+                                      "test")[1]
+        seen["assign"] = run_line(crash, ENGINE.door(crash), "checkpoint = 3", "test")
         crash.vars["path"] = "b.txt"
         return daifu.RETRY
 
@@ -343,8 +345,8 @@ def test_rank_n_on_rank_ns_own_console(program, monkeypatch):
     def console(crash):
         if crash.function != "step":
             return None
-        seen["own"] = run_line(crash, ENGINE, "rank 1", "test")[1]
-        seen["other"] = run_line(crash, ENGINE, "rank 0", "test")[1]
+        seen["own"] = run_line(crash, ENGINE.door(crash), "rank 1", "test")[1]
+        seen["other"] = run_line(crash, ENGINE.door(crash), "rank 0", "test")[1]
         crash.vars["path"] = "b.txt"
         return daifu.RETRY
 

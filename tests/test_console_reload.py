@@ -93,7 +93,7 @@ def test_console_commands_in_process(module):
     def console(crash):
         for line in ["vars", "p x + 1", "!x = 5", "exec\nlog.append('patched')\n", "bogus",
                      "bogus command", "p undefined", "retry"]:
-            c, out = run_line(crash, ENGINE, line, "test")
+            c, out = run_line(crash, ENGINE.door(crash), line, "test")
             transcript.append((line.split("\n")[0], c.ok, out.strip(), c.decision))
         return None  # the console queued the decision
 
@@ -313,7 +313,7 @@ def test_an_edited_caller_continues_in_its_new_code(callers, focus):
         assert crash.function == "divide"
         path.write_text(FIXED_CALLER)
         for line in [focus, "reload"] if focus else ["reload"]:
-            c, out = run_line(crash, ENGINE, line, "test")
+            c, out = run_line(crash, ENGINE.door(crash), line, "test")
             said.append(out)
             assert c.ok, out
         return None
@@ -338,7 +338,7 @@ def test_an_edited_caller_that_cannot_continue_is_refused_and_changes_nothing(ca
         path.write_text(CALLERS.replace("    for a, b in items:\n",
                                         "    while items:\n        a, b = items.pop()\n"))
         for line in ["up", "reload"]:
-            c, out = run_line(crash, ENGINE, line, "test")
+            c, out = run_line(crash, ENGINE.door(crash), line, "test")
             said.append((c.ok, out))
         return daifu.ABORT
 
@@ -356,7 +356,7 @@ def test_deleting_the_failing_line_of_a_caller_continues_after_it(callers):
     def console(crash):
         path.write_text(CALLERS.replace("        log.append(divide(a, b))     # the bug is "
                                         "here: b can be 0\n", "        log.append(-a)\n"))
-        c, out = run_line(crash, ENGINE, "reload", "test")
+        c, out = run_line(crash, ENGINE.door(crash), "reload", "test")
         assert c.ok, out
         return None
 
@@ -387,7 +387,7 @@ def test_deleting_the_failing_lines_of_the_crashed_function_continues_in_the_new
         def console(crash):
             path.write_text(DELETED.replace("        q = a / b\n        log.append(q)\n",
                                             "        pass\n"))
-            c, out = run_line(crash, ENGINE, "reload", "test")
+            c, out = run_line(crash, ENGINE.door(crash), "reload", "test")
             assert c.ok, out
             return None
 
@@ -439,7 +439,7 @@ def test_a_running_function_that_cannot_continue_is_called_again_from_its_caller
     @daifu.on(ZeroDivisionError)
     def console(crash):
         path.write_text(WHILE_LOOP)
-        c, out = run_line(crash, ENGINE, "reload", "test")
+        c, out = run_line(crash, ENGINE.door(crash), "reload", "test")
         said.append(out)
         assert c.ok, out
         return None
@@ -458,7 +458,7 @@ def test_a_refused_reload_keeps_the_edit_for_the_next_one_and_the_listing_shows_
     def console(crash):
         path.write_text(WHILE_LOOP)
         for line in ["reload", "reload", "l"]:
-            c, out = run_line(crash, ENGINE, line, "test")
+            c, out = run_line(crash, ENGINE.door(crash), line, "test")
             said.append((line, c.ok, out))
         return daifu.ABORT
 

@@ -24,13 +24,12 @@ from .._runtime import RUNTIME
 from ..cells import read_locals
 from . import _events
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
-from ._queue import DecisionPatch, ExecPatch, ReloadPatch
+from ._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
 from ._report import redraws, running_line, running_lines, summarize
 
 if TYPE_CHECKING:
     from ._crash import Crash
-    from ._engine import Engine
 
 HELP = """\
 Commands (the crashed frame waits; nothing runs until you resume it):
@@ -74,11 +73,13 @@ class Console(cmd.Cmd):
     prompt = "(daifu) "
     intro = None
 
-    def __init__(self, crash: Crash, engine: Engine, *, stdin: IO[str] | None = None,
+    def __init__(self, crash: Crash, apply: Apply, *, stdin: IO[str] | None = None,
                  stdout: IO[str] | None = None, origin: str = "console", local: bool = True):
         super().__init__(stdin=stdin, stdout=stdout)
         self.crash = crash
-        self.engine = engine
+        #: the console's only way into the job: patches, applied by the engine
+        #: (``Engine.door``); the console never calls the engine otherwise
+        self.apply = apply
         self.origin = origin
         self.local = local
         self.use_rawinput = local and stdin is None
@@ -324,8 +325,7 @@ class Console(cmd.Cmd):
         try:  # checked (can it retry here?) and journaled by the engine, like any patch
             # (abort gives up the crash itself, wherever the focus is)
             frame = 0 if decision is ABORT else self.level
-            self.engine.submit(DecisionPatch(decision, origin=self.origin, frame=frame,
-                                             scope=self.scope), self.crash)
+            self.apply(DecisionPatch(decision, origin=self.origin, frame=frame, scope=self.scope))
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -373,18 +373,10 @@ class Console(cmd.Cmd):
         """always DECISION: answer this crash so, and every later one of this exception
         type at this statement (after this crash's exec patches); always: list; always clear"""
         word = arg.strip().lower()
-        if not word:
-            if not self.engine.always:
-                self.say("no standing answers (always DECISION sets one)")
-            for (filename, line, statement, exc), (said, execs, _) in \
-                    self.engine.always.items():
-                also = f" after {len(execs)} exec patch(es)" if execs else ""
-                self.say(f"  {exc} at {filename}:{line} ({statement}): {said.value}{also}")
-            return False
-        if word == "clear":
-            n = len(self.engine.always)
-            self.engine.always.clear()
-            self.say(f"forgot {n} standing answer{'s' if n != 1 else ''}")
+        if not word or word == "clear":
+            patch = AlwaysPatch(action=word or "list", origin=self.origin)
+            self.apply(patch)
+            self.say(patch.result)
             return False
         decision = {"retry": RETRY, "r": RETRY, "skip": SKIP, "s": SKIP, "next": CONTINUE,
                     "n": CONTINUE, "abort": ABORT, "a": ABORT}.get(word)
@@ -398,22 +390,27 @@ class Console(cmd.Cmd):
             return False
         stop = self._decide(decision)
         if stop:  # (only a decision the engine accepted here is remembered)
-            self.say(self.engine.remember(self.crash, decision, self.origin))
+            patch = AlwaysPatch(action="set", decision=decision, origin=self.origin)
+            self.apply(patch)
+            self.say(patch.result)
         return stop
 
     def do_checkpoint(self, arg: str) -> bool:
         """checkpoint [PATH]: save the training state now (what a crash given up saves)"""
         path = os.path.abspath(os.path.expanduser(arg.strip())) if arg.strip() else None
-        saved, message = self.engine.save_checkpoint(self.crash, path)
-        self.ok = saved is not None
-        self.say(message)
+        patch = CheckpointPatch(path=path, origin=self.origin)
+        try:
+            self.apply(patch)
+        except PatchError:
+            self.ok = False
+        self.say(patch.result)
         return False
 
     def do_reload(self, arg: str) -> bool:
         """reload: re-read edited source files and resume in the new code"""
         patch = ReloadPatch(origin=self.origin, frame=self.level)
         try:
-            self.engine.submit(patch, self.crash)
+            self.apply(patch)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -516,7 +513,7 @@ class Console(cmd.Cmd):
 
     def _exec(self, code: str) -> bool:
         try:
-            self.engine.submit(ExecPatch(code, origin=self.origin, frame=self.level), self.crash)
+            self.apply(ExecPatch(code, origin=self.origin, frame=self.level))
         except PatchError as err:
             self.ok = False
             self.say(str(err))
@@ -687,7 +684,7 @@ HISTORY = "~/.daifu_history"
 HISTORY_LENGTH = 1000
 
 
-def run_local(crash: Crash, engine: Engine) -> Console:
+def run_local(crash: Crash, apply: Apply) -> Console:
     """The console on the job's own terminal (readline history and completion).
 
     It talks to the terminal: when the program's stdout is redirected
@@ -696,7 +693,7 @@ def run_local(crash: Crash, engine: Engine) -> Console:
     job does not look hung and the log file gets none of it."""
     if not _isatty(sys.stdout) and "ipykernel" not in sys.modules:
         # (a Jupyter kernel's stdout is not a terminal, but input() reaches the notebook)
-        console = Console(crash, engine, stdin=sys.stdin, stdout=sys.stderr, origin="console")
+        console = Console(crash, apply, stdin=sys.stdin, stdout=sys.stderr, origin="console")
         return _loop(console, crash)
     history = os.path.expanduser(HISTORY)
     readline: Any
@@ -714,7 +711,7 @@ def run_local(crash: Crash, engine: Engine) -> Console:
     except ImportError:  # pragma: no cover - readline is part of CPython on POSIX
         readline = None
     try:
-        return _loop(Console(crash, engine, origin="console"), crash)
+        return _loop(Console(crash, apply, origin="console"), crash)
     finally:
         if readline is not None:
             try:
@@ -766,14 +763,14 @@ def _isatty(stream) -> bool:
         return False
 
 
-def run_line(crash: Crash, engine: Engine, text: str, origin: str,
+def run_line(crash: Crash, apply: Apply, text: str, origin: str,
              scope: str = "rank") -> tuple[Console, str]:
     """Run one command for a remote client; return the console and its output.
     Lines after the first are the command's input (``exec`` code); ``scope``
     "job": its decision is for every rank of the distributed job."""
     first, _, rest = text.partition("\n")
     out = io.StringIO()
-    console = Console(crash, engine, stdin=io.StringIO(rest), stdout=out, origin=origin,
+    console = Console(crash, apply, stdin=io.StringIO(rest), stdout=out, origin=origin,
                       local=False)
     console.scope = scope
     console.onecmd(console.precmd(first))

@@ -62,7 +62,16 @@ from ._events import (
     write,
 )
 from ._guards import cell_range, handled_above, would_catch
-from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
+from ._queue import (
+    AlwaysPatch,
+    Apply,
+    CheckpointPatch,
+    DecisionPatch,
+    ExecPatch,
+    Patch,
+    ReloadPatch,
+    ReplacePatch,
+)
 from ._repeats import Ending, Group, Repeats
 from ._rules import RuleBook
 
@@ -511,6 +520,27 @@ class Engine:
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 
+    def _meta(self, patch: AlwaysPatch | CheckpointPatch, crash: Crash | None) -> None:
+        """``always`` and ``checkpoint`` from a console.  Raises ``PatchError``."""
+        if crash is None:
+            raise PatchError(f"{patch.kind} needs a crash")
+        if isinstance(patch, CheckpointPatch):
+            patch.saved, patch.result = self.save_checkpoint(crash, patch.path)
+            if patch.saved is None:
+                raise PatchError(patch.result)
+        elif patch.action == "set" and patch.decision is not None:
+            patch.result = self.remember(crash, patch.decision, patch.origin)
+        elif patch.action == "clear":
+            n = len(self.always)
+            self.always.clear()
+            patch.result = f"forgot {n} standing answer{'s' if n != 1 else ''}"
+        else:
+            lines = [f"  {exc} at {filename}:{line} ({statement}): {said.value}"
+                     + (f" after {len(execs)} exec patch(es)" if execs else "")
+                     for (filename, line, statement, exc), (said, execs, _)
+                     in self.always.items()]
+            patch.result = "\n".join(lines) or "no standing answers (always DECISION sets one)"
+
     def remember(self, crash: Crash, decision: Decision, origin: str) -> str:
         """``always DECISION``: answer later crashes of this exception type at
         this statement the same way, after this crash's exec patches; journaled."""
@@ -592,6 +622,11 @@ class Engine:
         if failure is not None:
             raise failure
 
+    def door(self, crash: Crash) -> Apply:
+        """The one way a console reaches this crash: a patch goes into its
+        queue and is applied at once (``submit``); raises ``PatchError``."""
+        return lambda patch: self.submit(patch, crash)
+
     def _drain(self, crash: Crash) -> Decision | None:
         decided = crash.resolution.queued
         if decided is not None:
@@ -611,6 +646,9 @@ class Engine:
         if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
             patch = ReloadPatch(origin=patch.origin, frame=patch.frame)
         result: Decision | None = None
+        if isinstance(patch, (AlwaysPatch, CheckpointPatch)):
+            self._meta(patch, crash)  # (they change nothing of the crash: not journaled)
+            return None
         try:
             if isinstance(patch, DecisionPatch) and crash is not None:
                 patch = self._redirect(patch, crash)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -92,6 +93,39 @@ class ReloadPatch(Patch):
         if self.result is None:
             return "reload"
         return self.result.summary()
+
+
+@dataclass
+class AlwaysPatch(Patch):
+    """The console's ``always``: ``action`` "set" remembers ``decision`` as
+    the standing answer to this crash's statement and exception type (after
+    this crash's exec patches); "list" and "clear" show and forget them.
+    ``result``: what the engine says back."""
+
+    kind: ClassVar[str] = "always"
+    action: str = "list"
+    decision: Decision | None = None
+    result: str = ""
+
+    def summary(self) -> str:
+        return f"always {self.decision.value}" if self.decision else f"always {self.action}"
+
+
+@dataclass
+class CheckpointPatch(Patch):
+    """Save the training state now (``_checkpoint``); ``path``: where (None:
+    the checkpoint directory).  ``saved``/``result``: the file and the
+    engine's message."""
+
+    kind: ClassVar[str] = "checkpoint"
+    path: str | None = None
+    saved: str | None = None
+    result: str = ""
+
+
+#: what a console applies patches through: the engine's door for one crash
+#: (``Engine.door``); raises ``PatchError`` when a patch is rejected
+Apply = Callable[[Patch], None]
 
 
 class PatchQueue:

@@ -172,7 +172,7 @@ class Waiter:
         server = self._open(status, report.render(), local=True)
         self._notify(crash, server)
         try:
-            console = run_local(crash, engine)
+            console = run_local(crash, engine.door(crash))
         finally:
             if server is not None:
                 server.stop()
@@ -198,7 +198,8 @@ class Waiter:
                 req = server.requests.get(timeout=timeout)
             except queue.Empty:
                 continue
-            console, output = run_line(crash, engine, req.text, req.origin, req.scope)
+            console, output = run_line(crash, engine.door(crash), req.text, req.origin,
+                                       req.scope)
             decision = console.decision
             resumed = isinstance(decision, Decision) and decision is not ABORT
             req.reply = {"ok": console.ok, "output": output, "resumed": resumed,
