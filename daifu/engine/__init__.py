@@ -5,7 +5,7 @@ from .._runtime import RUNTIME
 from . import _barrier
 from ._crash import Crash
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, all_ranks
-from ._engine import ENGINE, Engine
+from ._engine import ENGINE, Engine, EngineSettings
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._replace import replace
 from ._rules import Rule, RuleBook
@@ -27,6 +27,7 @@ __all__ = [
     "Decision",
     "DecisionPatch",
     "Engine",
+    "EngineSettings",
     "ExecPatch",
     "Patch",
     "PatchQueue",

@@ -179,21 +179,56 @@ def _in_dataloader_worker() -> bool:
         return False
 
 
-class Engine:
-    """One per process (``ENGINE``)."""
+@dataclass
+class EngineSettings:
+    """Everything the engine is configured with, in one object: made by the
+    runner's ``Config`` (``hooks/_config.py``), or from the environment, and
+    given to ``Engine.configure``."""
 
-    def __init__(self) -> None:
+    #: retries of one statement before it is given up (``--max-attempts``)
+    max_attempts: int = 5
+    #: the emergency checkpoint when a crash is given up (``--no-checkpoint``)
+    checkpoint: bool = True
+    #: where it goes (None: the default directory; ``--checkpoint-dir``)
+    checkpoint_dir: str | None = None
+    #: the journal of crashes and patches (``_journal.Journal``), if any
+    journal: Any = None
+    #: a journal being replayed (``_journal.Replay``), consulted before the rules
+    replay: Any = None
+    #: interactive patch sources (console, remote attach) -- consulted after
+    #: the rules; each has ``wait(crash, engine) -> str | None`` (why it
+    #: stopped waiting without a decision)
+    waiters: list[Any] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_env(cls) -> EngineSettings:
+        return cls(max_attempts=_env_int("DAIFU_MAX_ATTEMPTS", 5),
+                   checkpoint=os.environ.get("DAIFU_CHECKPOINT", "1").strip().lower()
+                   not in ("0", "false", "no", "off"),
+                   checkpoint_dir=os.environ.get("DAIFU_CHECKPOINT_DIR") or None)
+
+
+def _setting(name: str) -> Any:
+    """An engine attribute that is a field of its ``EngineSettings``."""
+    return property(lambda self: getattr(self.settings, name),
+                    lambda self, value: setattr(self.settings, name, value),
+                    doc=f"``self.settings.{name}``")
+
+
+class Engine:
+    """One per process (``ENGINE``), configured by one ``EngineSettings``."""
+
+    max_attempts: int = _setting("max_attempts")
+    checkpoint: bool = _setting("checkpoint")
+    checkpoint_dir: str | None = _setting("checkpoint_dir")
+    journal: Any = _setting("journal")
+    replay: Any = _setting("replay")
+    waiters: list[Any] = _setting("waiters")
+
+    def __init__(self, settings: EngineSettings | None = None) -> None:
+        self.settings = settings or EngineSettings.from_env()
         self.rules = RuleBook()
-        self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
-        #: interactive patch sources (console, remote attach) -- consulted
-        #: after the rules; each has ``wait(crash, engine) -> str | None`` (why it
-        #: stopped waiting without a decision)
-        self.waiters: list[Any] = []
         self.stats: collections.Counter[str] = collections.Counter()
-        #: the journal of crashes and patches (``_journal.Journal``), if any
-        self.journal: Any = None
-        #: a journal being replayed (``_journal.Replay``), consulted before the rules
-        self.replay: Any = None
         self._lock = threading.Lock()  # for the counters and the retry table
         self._tls = threading.local()
         self._pending: dict[tuple[int, Cell], _Pending] = {}
@@ -205,11 +240,6 @@ class Engine:
         #: patch); the exception is handed up to that frame's barrier
         self._forward: dict[int, tuple[BaseException, types.FrameType,
                                        DecisionPatch | ReloadPatch]] = {}
-        #: the emergency checkpoint when a crash is given up (``_checkpoint``):
-        #: on unless ``--no-checkpoint``; None: the default directory
-        self.checkpoint = os.environ.get("DAIFU_CHECKPOINT", "1").strip().lower() not in (
-            "0", "false", "no", "off")
-        self.checkpoint_dir: str | None = os.environ.get("DAIFU_CHECKPOINT_DIR") or None
         #: paths of the emergency checkpoints written (at most MAX_CHECKPOINTS)
         self.checkpoints: list[str] = []
         #: standing answers (the console's ``always``): crash key -> (decision,
@@ -865,19 +895,20 @@ class Engine:
         except BaseException:
             pass
 
+    def configure(self, settings: EngineSettings) -> None:
+        """Take ``settings`` as the engine's whole configuration."""
+        self.settings = settings
+
     def reset(self) -> None:
         """Forget rules, retries, give-ups, waiters, counters, journal and
-        replay (part of ``RUNTIME.reset()``)."""
-        self.max_attempts = _env_int("DAIFU_MAX_ATTEMPTS", 5)
+        replay (part of ``RUNTIME.reset()``): configured from the environment."""
+        self.settings = EngineSettings.from_env()
         self.rules.clear()
         self.repeats.clear()
         self._pending.clear()
         self._forward.clear()
         self.gave_up.clear()
-        self.waiters.clear()
         self.stats.clear()
-        self.journal = None
-        self.replay = None
 
 
 def _break_waiter():

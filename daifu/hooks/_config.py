@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -241,10 +242,13 @@ class Config:
         options.strict = self.strict
         options.dump = self.dump
         options.cache = self.code_cache()
-        ENGINE.max_attempts = self.max_attempts
-        ENGINE.checkpoint = self.checkpoint
-        ENGINE.checkpoint_dir = os.path.abspath(os.path.expanduser(self.checkpoint_dir)) \
-            if self.checkpoint_dir else None
+        # (the journal and the waiters, set by ``setup_engine``, are kept)
+        ENGINE.configure(dataclasses.replace(ENGINE.settings, **self._engine_options()))
+
+    def _engine_options(self) -> dict:
+        return {"max_attempts": self.max_attempts, "checkpoint": self.checkpoint,
+                "checkpoint_dir": os.path.abspath(os.path.expanduser(self.checkpoint_dir))
+                if self.checkpoint_dir else None}
 
     def setup_engine(self, script: str | None, interactive: bool,
                      console: bool | None = None) -> None:
@@ -252,7 +256,7 @@ class Config:
         import sys
 
         from .._private import check_file
-        from ..engine import ENGINE
+        from ..engine import ENGINE, EngineSettings
         from ..engine._journal import Journal, JournalError, Replay, default_path
         from ..engine._waiter import Waiter
         from ._logging import expand_path
@@ -260,18 +264,19 @@ class Config:
         journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank
         if journal:
             check_file(journal, "the journal (--journal)", ConfigError)
-        ENGINE.journal = Journal(journal or default_path(script))
+        settings = EngineSettings(**self._engine_options(),
+                                  journal=Journal(journal or default_path(script)))
         if self.replay:
             try:
-                ENGINE.replay = Replay(expand_path(self.replay))
+                settings.replay = Replay(expand_path(self.replay))
             except JournalError as exc:
                 raise ConfigError(str(exc)) from None
         if console is None:
             console = interactive and self.console and sys.stdin.isatty() and sys.stderr.isatty()
-        ENGINE.waiters[:] = []
         if console or self.wait != 0:
-            ENGINE.waiters.append(Waiter(console=console, wait=self.wait, notify=self.notify))
+            settings.waiters.append(Waiter(console=console, wait=self.wait, notify=self.notify))
             os.register_at_fork(after_in_child=_no_waiting_in_forked_children)
+        ENGINE.configure(settings)  # the engine's whole configuration, at once
 
 
 def _no_waiting_in_forked_children() -> None:
