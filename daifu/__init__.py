@@ -40,7 +40,6 @@ from .engine import (
     all_ranks,
     replace,
 )
-from .engine._checkpoint import load_checkpoint, restore_rng
 from .engine._rules import Rule, Where
 
 __version__ = "0.1.0"
@@ -130,6 +129,16 @@ def uninstall() -> None:
     from .hooks import uninstall as _uninstall
 
     _uninstall()
+
+
+def __getattr__(name: str) -> Any:
+    """``load_checkpoint`` and ``restore_rng`` (``engine/_checkpoint.py``):
+    imported on first use, not at every start of every job."""
+    if name in ("load_checkpoint", "restore_rng"):
+        from .engine import _checkpoint
+
+        return getattr(_checkpoint, name)
+    raise AttributeError(f"module 'daifu' has no attribute {name!r}")
 
 
 __all__ = [

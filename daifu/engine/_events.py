@@ -21,23 +21,101 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar, cast
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, ClassVar, cast
 
 from .._runtime import RUNTIME
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
-@dataclass(frozen=True)
+class _Factory:
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+def _make_event(cls: Any) -> Any:
+    """What ``@dataclass(frozen=True)`` makes of an event class -- its fields
+    in order, with defaults and ``field(default_factory=...)`` -- without the
+    code that dataclass generates per class (~0.5 ms each, at every start of
+    every job: this module is imported at start-up)."""
+    names: list[str] = []
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        for name, ann in vars(klass).get("__annotations__", {}).items():
+            if str(ann).startswith(("ClassVar", "typing.ClassVar")):
+                continue
+            if name not in names:
+                names.append(name)
+            if name in vars(klass):
+                defaults[name] = vars(klass)[name]
+    for name, value in defaults.items():
+        if isinstance(value, _Factory):
+            delattr(cls, name)
+    cls._fields, cls._defaults = tuple(names), defaults
+    return cls
+
+
+def _field(*, default_factory: Callable[[], Any]) -> Any:
+    return _Factory(default_factory)
+
+
+if TYPE_CHECKING:  # (type checkers know what a frozen dataclass accepts)
+    event = dataclass(frozen=True)
+    from dataclasses import field
+else:
+    event, field = _make_event, _field
+
+_MISSING = object()
+
+
+@event
 class Event:
     event: ClassVar[str] = "daifu.event"
     level: ClassVar[str] = "info"
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        names = self._fields
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)}")
+        values = dict(zip(names, args))
+        for key, value in kw.items():
+            if key not in names or key in values:
+                raise TypeError(f"{type(self).__name__}: unexpected or repeated field {key!r}")
+            values[key] = value
+        for name in names:
+            if name not in values:
+                default = self._defaults.get(name, _MISSING)
+                if default is _MISSING:
+                    raise TypeError(f"{type(self).__name__}: missing field {name!r}")
+                values[name] = default.make() if isinstance(default, _Factory) else default
+        for name in names:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(repr(getattr(self, n)) for n in self._fields)))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._fields)
+        return f"{type(self).__name__}({inner})"
 
     def fields(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in self._fields}
 
 
-@dataclass(frozen=True)
+@event
 class CrashIntercepted(Event):
     event: ClassVar[str] = "crash.intercepted"
     level: ClassVar[str] = "warning"
@@ -51,7 +129,7 @@ class CrashIntercepted(Event):
     can_skip: bool
 
 
-@dataclass(frozen=True)
+@event
 class CrashReport(Event):
     """What a human needs to decide (see ``daifu.engine._report``)."""
 
@@ -65,7 +143,7 @@ class CrashReport(Event):
     options: list
 
 
-@dataclass(frozen=True)
+@event
 class CrashWaiting(Event):
     """The job waits for a fix from another terminal."""
 
@@ -77,7 +155,7 @@ class CrashWaiting(Event):
     wait_s: float
 
 
-@dataclass(frozen=True)
+@event
 class PatchApplied(Event):
     event: ClassVar[str] = "patch.applied"
     where: str
@@ -86,7 +164,7 @@ class PatchApplied(Event):
     summary: str
 
 
-@dataclass(frozen=True)
+@event
 class PatchRejected(Event):
     event: ClassVar[str] = "patch.rejected"
     level: ClassVar[str] = "error"
@@ -96,7 +174,7 @@ class PatchRejected(Event):
     reason: str
 
 
-@dataclass(frozen=True)
+@event
 class CrashResumed(Event):
     event: ClassVar[str] = "crash.resumed"
     where: str
@@ -107,7 +185,7 @@ class CrashResumed(Event):
     latency_ms: float
 
 
-@dataclass(frozen=True)
+@event
 class CrashGaveUp(Event):
     event: ClassVar[str] = "crash.gave_up"
     level: ClassVar[str] = "error"
@@ -117,7 +195,7 @@ class CrashGaveUp(Event):
     attempt: int
 
 
-@dataclass(frozen=True)
+@event
 class BreakPaused(Event):
     """``send PID break``: the job paused at a statement, before running it."""
 
@@ -127,7 +205,7 @@ class BreakPaused(Event):
     statement: str
 
 
-@dataclass(frozen=True)
+@event
 class CrashPassed(Event):
     """No fix here; the exception goes on to a vaccinated caller's barrier."""
 
@@ -137,7 +215,7 @@ class CrashPassed(Event):
     reason: str
 
 
-@dataclass(frozen=True)
+@event
 class TimeoutExtended(Event):
     """A process group's collective timeout, extended so that the other ranks
     outlast a rank that waits for a fix (engine/_distributed.py)."""
@@ -148,7 +226,7 @@ class TimeoutExtended(Event):
     extended_s: float
 
 
-@dataclass(frozen=True)
+@event
 class RuleFailed(Event):
     event: ClassVar[str] = "rule.failed"
     level: ClassVar[str] = "error"
@@ -158,7 +236,7 @@ class RuleFailed(Event):
     traceback: str
 
 
-@dataclass(frozen=True)
+@event
 class ModuleVaccinated(Event):
     event: ClassVar[str] = "module.vaccinated"
     level: ClassVar[str] = "debug"
@@ -174,7 +252,7 @@ class ModuleVaccinated(Event):
     first_call: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@event
 class RunSummary(Event):
     """At exit (runner only), when the run had a crash: one daifu recovered,
     or the one the program died of.  Exceptions daifu gave up on that the
@@ -190,7 +268,7 @@ class RunSummary(Event):
     checkpoint: str | None = None
 
 
-@dataclass(frozen=True)
+@event
 class CheckpointSaved(Event):
     """A crash was given up: the training state was saved (``_checkpoint``);
     ``daifu.load_checkpoint(path)`` reads it."""
@@ -207,7 +285,7 @@ class CheckpointSaved(Event):
     frameworks: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@event
 class CheckpointNote(Event):
     """Said while saving: the state is large (with an estimate), or one object's
     ``state_dict()`` failed."""
@@ -218,7 +296,7 @@ class CheckpointNote(Event):
     message: str
 
 
-@dataclass(frozen=True)
+@event
 class CheckpointFailed(Event):
     event: ClassVar[str] = "checkpoint.failed"
     level: ClassVar[str] = "error"
@@ -226,7 +304,7 @@ class CheckpointFailed(Event):
     reason: str
 
 
-@dataclass(frozen=True)
+@event
 class InternalError(Event):
     event: ClassVar[str] = "daifu.internal_error"
     level: ClassVar[str] = "error"
@@ -235,7 +313,7 @@ class InternalError(Event):
     traceback: str
 
 
-@dataclass(frozen=True)
+@event
 class NotifySent(Event):
     """``--notify CMD`` was started: the job waits for a fix."""
 
@@ -245,7 +323,7 @@ class NotifySent(Event):
     command: str
 
 
-@dataclass(frozen=True)
+@event
 class NotifyFailed(Event):
     """``--notify CMD`` could not be started (the job waits all the same)."""
 
