@@ -132,6 +132,31 @@ def test_console_on_a_terminal_fixes_a_variable_and_retries(tmp_path):
     assert_identical(load_params(tmp_path / "again" / "final.pt"), ref)
 
 
+def test_on_a_terminal_the_report_comes_first_and_p_of_a_tensor_is_its_summary(tmp_path):
+    """No --log: daifu's log lines go to the terminal too, after the console."""
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    p = PtyProcess([*python(), "-m", "daifu", str(script), "final.pt"], cwd=str(tmp_path),
+                   env=env())
+    out = p.expect("(daifu) ")
+    before_report = out[: out.index("daifu: crash intercepted -- TypeError")]
+    assert "crash.intercepted" not in before_report and "journal" not in before_report
+    assert "crash.report" not in out  # the console shows the report; no log line repeats it
+    p.send("p x")
+    shown = p.expect("(daifu) ")
+    assert re.search(r"tensor\(32, 12\) float32 cpu min=\S+ max=\S+", shown), shown
+    assert "tensor([[" not in shown  # 384 values: the summary alone
+    p.send("p y[:3]")
+    small = p.expect("(daifu) ")
+    assert "tensor(3,) int64 cpu" in small and "tensor([" in small  # small: its values too
+    p.send("!scale = 0.5")
+    p.expect("(daifu) ")
+    p.send("retry")
+    after = p.expect("done", timeout=120)
+    assert "crash.intercepted" in after  # the held log lines, once the console is done
+    assert p.wait() == 0
+
+
 def test_console_bad_input_keeps_the_job_waiting(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(BUGGY_SCALE)

@@ -52,7 +52,8 @@ Commands (the crashed frame waits; nothing runs until you resume it):
   down [N] (d)     back towards the crashed frame (down NAME: to NAME's frame)
   l [FIRST[, LAST]]  source around the current line (l . : again from it); ll: the function
   vars             the focused frame's variables
-  p EXPR / pp EXPR evaluate EXPR in the focused frame; print it (pp: pretty-printed)
+  p EXPR / pp EXPR evaluate EXPR in the focused frame; print it (pp: pretty-printed;
+                   p of a tensor: its summary, and its values when it is small)
   EXPR             a line that is not a command is evaluated (or run, if a statement)
   !STATEMENT       run a statement in the focused frame (assignments stick)
   exec             run several lines (end with an empty line)
@@ -473,7 +474,14 @@ class Console(cmd.Cmd):
             self.ok = False  # (the exception alone: not the command machinery it ran in)
             self.say("".join(traceback.format_exception_only(exc)).rstrip())
             return False
-        self.say(pprint.pformat(value, width=100) if pretty else _safe_repr(value))
+        if pretty:
+            self.say(pprint.pformat(value, width=100))
+        elif _is_tensor(value):  # as the report shows it; a small one with its values
+            self.say(summarize(value))
+            if _numel(value) <= 20:
+                self.say(_safe_repr(value))
+        else:
+            self.say(_safe_repr(value))
         return False
 
     def _eval(self, expr: str) -> Any:
@@ -747,6 +755,18 @@ def _looks_like_code(command: str, arg: str) -> bool:
         return (arg.startswith("=") and not arg.startswith("==")) or \
             (len(arg) > 1 and arg[0] in "+-*%|&^@<>" and arg[1] == "=")
     return arg.startswith(_CODE_STARTS) and command != "exec"
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _numel(value: Any) -> int:
+    try:
+        return int(value.numel())
+    except Exception:
+        return 0
 
 
 def _safe_repr(value: Any) -> str:

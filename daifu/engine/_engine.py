@@ -20,6 +20,7 @@ crash worse.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import sys
@@ -59,6 +60,7 @@ from ._events import (
     RuleFailed,
     collecting,
     emit,
+    held,
     write,
 )
 from ._guards import cell_range, handled_above, would_catch
@@ -325,8 +327,13 @@ class Engine:
         self._tls.crash = crash
         group = self.repeats.begin((crash.where, type(exc).__qualname__, exception_text(exc)))
         self._tls.group = group
+        # with a console on the job's own terminal, its report comes first: the
+        # log lines of this crash (crash.intercepted, journal.opened, ...) are
+        # written once it is handled
+        local = any(getattr(w, "console", False) for w in self.waiters)
         try:
-            with collecting(group.events, lambda: group.hold):
+            with held() if local else contextlib.nullcontext(), \
+                    collecting(group.events, lambda: group.hold):
                 return self._handle_crash(crash, key, forward, attempt)
         finally:
             self._tls.group = None

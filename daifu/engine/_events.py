@@ -40,6 +40,8 @@ def _make_event(cls: Any) -> Any:
     in order, with defaults and ``field(default_factory=...)`` -- without the
     code that dataclass generates per class (~0.5 ms each, at every start of
     every job: this module is imported at start-up)."""
+    if "_fields" in vars(cls):
+        return cls  # (done by ``Event.__init_subclass__``)
     names: list[str] = []
     defaults: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
@@ -76,6 +78,10 @@ class Event:
     level: ClassVar[str] = "info"
     _fields: ClassVar[tuple[str, ...]] = ()
     _defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        _make_event(cls)  # every event class, decorated or not
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         names = self._fields
@@ -373,7 +379,7 @@ def held() -> Iterator[None]:
     finally:
         kept = _held.pop()
         for ev in kept:
-            _write(ev)
+            write(ev)  # (to the block around this one, if it holds too)
 
 
 @dataclass
@@ -508,6 +514,20 @@ def collecting(into: list[Event], hold: Callable[[], bool]) -> Iterator[None]:
         yield
     finally:
         _collecting.current = previous
+
+
+def tell(ev: Event) -> None:
+    """Give one event to the in-process listeners only, not to the log."""
+    for listener in list(listeners):
+        try:
+            listener(ev)
+        except Exception:
+            pass
+
+
+def logs_to_terminal() -> bool:
+    """Do daifu's log lines go to the process's stderr (not a file)?"""
+    return isinstance(_sink.stream, _CurrentStderr)
 
 
 def emit(ev: Event) -> None:

@@ -26,7 +26,7 @@ from .._errors import DaifuWarning
 from .._private import check_private, open_private
 from ._crash import exception_text
 from ._decision import Decision
-from ._events import Event, distributed, emit
+from ._events import Event, distributed, emit, event
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@event
 class JournalOpened(Event):
     event = "journal.opened"
     path: str
@@ -261,7 +261,7 @@ class _Recorded:
     repeats: int = 0
 
 
-@dataclass(frozen=True)
+@event
 class ReplaySkipped(Event):
     event = "replay.skipped"
     level = "warning"

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ._events import Event
+from ._events import Event, event
 
 #: identical handlings at one site written in full before counting starts
 SHOWN = 3
@@ -33,7 +33,7 @@ SHOWN = 3
 _VOLATILE = frozenset({"timestamp", "latency_ms", "attempt"})
 
 
-@dataclass(frozen=True)
+@event
 class CrashRepeated(Event):
     """The same crash, handled the same way, ``count`` times in all at this
     site; only the first ``shown`` were logged in full."""

@@ -26,6 +26,8 @@ from ._events import (
     NotifySent,
     distributed,
     emit,
+    logs_to_terminal,
+    tell,
 )
 from ._queue import DecisionPatch
 
@@ -108,9 +110,12 @@ class Waiter:
         from ._report import build as build_report
 
         report = build_report(crash)
-        emit(CrashReport(where=report.where, title=report.title, statement=report.statement,
-                         traceback="".join(report.traceback), variables=report.variables,
-                         done_before=report.done_before, options=report.options))
+        event = CrashReport(where=report.where, title=report.title, statement=report.statement,
+                            traceback="".join(report.traceback), variables=report.variables,
+                            done_before=report.done_before, options=report.options)
+        # (on the job's terminal the console shows the report itself: the log
+        # line with all of it is for log files)
+        (tell if self.console and logs_to_terminal() else emit)(event)
         status = {"pid": os.getpid(), "where": crash.where, "function": crash.function,
                   "statement": crash.statement, "exc_type": type(crash.exception).__qualname__,
                   "message": exception_text(crash.exception, 200), "since": time.time(),
