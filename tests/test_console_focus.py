@@ -442,3 +442,41 @@ def train(loader, seen):
     assert "note: retry here re-executes the call: epoch() iterates loader (a DataLoader): " \
            "the retry makes a new iterator of it, which draws a new seed" in up[2]
     assert "note:" not in down[2]  # (frame 0: a retry repeats the statement alone)
+
+
+def test_library_frames_are_collapsed_and_passed_by_up_and_down():
+    pytest.importorskip("torch", reason="PyTorch not available")
+    ns = vaccinate('''
+import torch
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return x / self.scale
+
+def train(net, xs):
+    out = []
+    for x in xs:
+        out.append(net(x))
+    return out
+''', entries=("Net.forward", "train"))
+    answers = []
+
+    @daifu.on(AttributeError)
+    def console(crash):
+        if crash.function == "train":
+            return daifu.SKIP  # (passed on by the session below: skipped in the loop)
+        report = build(crash).render()
+        answers.append(("report", True, report, None))
+        answers.extend(_session(crash, ["bt", "bt all", "up", "p len(out)", "down", "skip"]))
+        return None
+
+    import torch
+
+    assert ns["train"](ns["Net"](), [torch.ones(2)]) == []
+    said = {line: text for line, _, text, _ in answers}
+    assert "frames of torch (the console's bt all shows them)" in said["report"]
+    assert "_call_impl" not in said["report"]
+    assert "frames of torch (bt all shows them)" in said["bt"] and "_call_impl" not in said["bt"]
+    assert "_call_impl" in said["bt all"]
+    assert "in train()" in said["up"] and said["p len(out)"] == "0"
+    assert "frame 0" in said["down"] and "in Net.forward()" in said["down"]

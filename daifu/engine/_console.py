@@ -23,6 +23,7 @@ from .._errors import PatchError
 from .._runtime import RUNTIME
 from ..cells import read_locals
 from . import _events
+from ._crash import is_library, library_package
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
@@ -203,12 +204,21 @@ class Console(cmd.Cmd):
             self.ok = False
             self.say(f"usage: {'up' if direction > 0 else 'down'} [N | NAME]")
             return False
-        level = self.level + direction * steps
-        if not 0 <= level < len(frames):
+        # N frames of the program: installed code daifu did not vaccinate (torch's
+        # Module.__call__, Lightning's loops, ipykernel) is passed over; `frame N`
+        # numbers stay those of bt all
+        level, moved = self.level, 0
+        while moved < abs(steps):
+            nxt = level + (1 if steps * direction > 0 else -1)
+            while 0 <= nxt < len(frames) and nxt != 0 and is_library(frames[nxt]):
+                nxt += 1 if steps * direction > 0 else -1
+            if not 0 <= nxt < len(frames):
+                break
+            level, moved = nxt, moved + 1
+        if moved < abs(steps):
             self.ok = False
-            self.say("already at the " + ("outermost frame" if direction > 0 else
+            self.say("already at the " + ("outermost frame" if steps * direction > 0 else
                                           "crashed frame"))
-            level = max(0, min(level, len(frames) - 1))
         self.level, self._listed = level, None
         self.crash.focus = level
         self._show_focus()
@@ -225,10 +235,20 @@ class Console(cmd.Cmd):
     do_u, do_d = do_up, do_down
 
     def do_bt(self, arg: str) -> bool:
-        """bt: the call stack, outermost first; > marks the frame in focus"""
+        """bt [all]: the call stack, outermost first; > marks the frame in focus
+        (runs of installed library frames are one line; bt all shows them)"""
         frames = self.crash.frames()
+        every = arg.strip() == "all"
+        hidden: list[int] = []
         for n in range(len(frames) - 1, -1, -1):
             frame = frames[n]
+            if not every and n and n != self.level and is_library(frame):
+                hidden.append(n)
+                if n - 1 >= 0 and (n - 1 == 0 or n - 1 == self.level
+                                   or not is_library(frames[n - 1])):
+                    self._say_hidden(frames, hidden)
+                    hidden = []
+                continue
             lineno = self._frame_line(frame)
             mark = ">" if n == self.level else " "
             crashed = "  <- crashed here" if n == 0 else ""
@@ -240,6 +260,13 @@ class Console(cmd.Cmd):
         return False
 
     do_backtrace = do_bt
+
+    def _say_hidden(self, frames: list, hidden: list[int]) -> None:
+        packages = sorted({library_package(frames[n].f_code.co_filename) for n in hidden})
+        self.say(f"  {hidden[0]:2d}-{hidden[-1]} ... {len(hidden)} frame"
+                 f"{'s' if len(hidden) != 1 else ''} of {', '.join(packages)} "
+                 "(bt all shows them)" if len(hidden) > 1 else
+                 f"  {hidden[0]:2d} ... 1 frame of {packages[0]} (bt all shows it)")
 
     def do_l(self, arg: str) -> bool:
         """l [FIRST[, LAST]]: list source around the focused frame's line"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -189,6 +190,57 @@ def is_plumbing(filename: str) -> bool:
     """A frame of daifu's own code or of runpy (hidden from the user's tracebacks)."""
     return (filename.startswith(_PKG + os.sep) or filename.endswith(os.sep + "runpy.py")
             or filename.startswith("<frozen runpy"))
+
+
+def _library_roots() -> tuple[str, ...]:
+    import sysconfig
+
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            roots.add(os.path.realpath(sysconfig.get_paths()[key]) + os.sep)
+        except (KeyError, OSError):
+            continue
+    for path in sys.path:  # (site-packages of a venv, user site)
+        if path.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+            roots.add(os.path.realpath(path) + os.sep)
+    return tuple(sorted(roots))
+
+
+_ROOTS: tuple[str, ...] | None = None
+
+
+def is_library(frame: types.FrameType) -> bool:
+    """A frame of installed code -- the standard library, site-packages
+    (torch's ``Module._call_impl``, Lightning's loops, ipykernel, asyncio) --
+    that daifu did not vaccinate: collapsed in the report and ``bt``, and
+    passed by ``up``/``down``."""
+    from ..cells import cells_of
+
+    return _installed(frame.f_code.co_filename) and cells_of(frame.f_code) is None
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed(filename: str) -> bool:
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = _library_roots()
+    if filename.startswith("<frozen"):
+        return True
+    return filename.startswith(_ROOTS) or os.path.realpath(filename).startswith(_ROOTS)
+
+
+def library_package(filename: str) -> str:
+    """``torch``, ``lightning``, ``asyncio``: the top package of an installed file."""
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = _library_roots()
+    real = os.path.realpath(filename)
+    for root in sorted(_ROOTS, key=len, reverse=True):  # (site-packages inside lib/)
+        if real.startswith(root):
+            rest = real[len(root):]
+            return rest.split(os.sep, 1)[0].removesuffix(".py")
+    return os.path.basename(filename)
 
 
 def _position(code: types.CodeType, lasti: int) -> tuple | None:

@@ -481,13 +481,9 @@ class Engine:
             crash.resolution.final = True
         if waited:
             return None, waited
-        # a job nobody is asked about (headless, no --wait): say how to make it wait
-        hint = "" if self.waiters else (
-            "; to keep a crash waiting for a fix, run with --wait SECONDS (DAIFU_WAIT), "
-            "then: python -m daifu attach PID")
         if not len(self.rules) and not self.waiters:
-            return None, "no fix available (no rules registered, no console)" + hint
-        return None, "no rule fixed it" + hint
+            return None, "no fix available (no rules registered, no console)"
+        return None, "no rule fixed it"
 
     def _conclude(self, crash: Crash, key, res: Resolution) -> int | tuple:
         """The stub's answer, made from ``res`` alone: a code (retry, skip,
@@ -550,6 +546,10 @@ class Engine:
 
     def _give_up(self, crash: Crash, reason: str) -> None:
         exc = crash.exception
+        if not self.waiters and reason.startswith(("no fix available", "no rule fixed it")):
+            # a job nobody is asked about (headless, no --wait): say how to make it wait
+            reason += ("; to keep a crash waiting for a fix, run with --wait SECONDS "
+                       "(DAIFU_WAIT), then: python -m daifu attach PID")
         self.gave_up.add(exc, crash.frame)
         self._count("gave_up", 1)
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import cells as _registry
-from ._crash import exception_text, is_plumbing
+from ._crash import _installed, exception_text, is_plumbing, library_package
 from ._events import distributed
 
 if TYPE_CHECKING:
@@ -122,7 +122,30 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
     exception's traceback from it -- without daifu's (or runpy's) frames."""
     frames = traceback.extract_stack(frame.f_back) if frame is not None else []
     frames += traceback.extract_tb(exc.__traceback__)
-    return traceback.format_list([f for f in frames if not is_plumbing(f.filename)])
+    frames = [f for f in frames if not is_plumbing(f.filename)]
+    # runs of installed library frames (torch's Module.__call__, Lightning's
+    # loops, ipykernel and asyncio) are one line; the console's `bt all` has them
+    vaccinated = _registry.target_files()
+    out: list[str] = []
+    run: list[Any] = []
+
+    def flush() -> None:
+        if len(run) > 1:
+            packages = sorted({library_package(f.filename) for f in run})
+            out.append(f"  ... {len(run)} frames of {', '.join(packages)} "
+                       "(the console's bt all shows them)\n")
+        else:
+            out.extend(traceback.format_list(run))
+        run.clear()
+
+    for n, f in enumerate(frames):
+        if n < len(frames) - 1 and _installed(f.filename) and f.filename not in vaccinated:
+            run.append(f)
+            continue
+        flush()
+        out.extend(traceback.format_list([f]))
+    flush()
+    return out
 
 
 def options(crash: Crash) -> list[str]:
