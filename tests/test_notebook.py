@@ -92,6 +92,10 @@ def test_the_console_opens_in_the_notebook(tmp_path):
                               notebook=True)
     assert results[2] == [True, "8", "None"], proc.stdout + proc.stderr
     assert "KeyError" in proc.stdout and "'b'" in proc.stdout  # the report, in the cell
+    # the cells named as IPython names them, not by their compiler's file name
+    # (the driver's run_cell keeps no history: every cell is In[1])
+    assert "at Cell In[1], line 3 in lookup()" in proc.stdout, proc.stdout
+    assert "Cell In[1], line 3, in lookup" in proc.stdout and "<ipython-input-" not in proc.stdout
 
 
 def test_unload_stops_vaccinating(tmp_path):

@@ -27,7 +27,7 @@ from ._crash import is_library, library_package
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from ._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
-from ._report import redraws, running_line, running_lines, summarize
+from ._report import redraws, running_line, running_lines, shown_where, summarize
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -170,7 +170,7 @@ class Console(cmd.Cmd):
         frame = self.frame
         lineno = self._frame_line(frame)
         text = running_line(frame.f_code.co_filename, lineno).strip()
-        self.say(f"> frame {self.level}: {frame.f_code.co_filename}:{lineno} in "
+        self.say(f"> frame {self.level}: {shown_where(frame.f_code.co_filename, lineno)} in "
                  f"{frame.f_code.co_qualname}()")
         if text:
             self.say(f"    {text}")
@@ -252,7 +252,7 @@ class Console(cmd.Cmd):
             lineno = self._frame_line(frame)
             mark = ">" if n == self.level else " "
             crashed = "  <- crashed here" if n == 0 else ""
-            self.say(f"{mark} {n:2d} {frame.f_code.co_filename}:{lineno} in "
+            self.say(f"{mark} {n:2d} {shown_where(frame.f_code.co_filename, lineno)} in "
                      f"{frame.f_code.co_qualname}(){crashed}")
             text = running_line(frame.f_code.co_filename, lineno).strip()
             if text:

@@ -79,6 +79,24 @@ class Report:
         return "\n".join(out)
 
 
+def cell_name(filename: str) -> str | None:
+    """``Cell In[5]``: how IPython names the file of a notebook cell (its
+    compiler's ``format_code_name``), or None for other files."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:
+        return None
+    return f"{named[0]} {named[1]}" if named else None
+
+
+def shown_where(filename: str, lineno: int | None) -> str:
+    """``file:line`` as a person reads it: ``Cell In[5], line 3`` in a notebook."""
+    cell = cell_name(filename)
+    return f"{cell}, line {lineno}" if cell else f"{filename}:{lineno}"
+
+
 def running_lines(filename: str) -> list[str]:
     """The lines of the source a file's code runs: for a vaccinated file, the
     text it was loaded (or last reloaded) from -- not an edit saved since,
@@ -107,7 +125,7 @@ def build(crash: Crash, context: int = 3) -> Report:
         lines.append((n, text, lineno <= n <= end))
     return Report(
         title=f"{type(exc).__qualname__}: {exception_text(exc, 300, one_line=True)}",
-        where=f"{crash.where} in {crash.function}()",
+        where=f"{shown_where(crash.filename, crash.lineno)} in {crash.function}()",
         statement=crash.statement,
         source=lines,
         traceback=user_traceback(exc, crash._frame),
@@ -143,7 +161,12 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
             run.append(f)
             continue
         flush()
-        out.extend(traceback.format_list([f]))
+        text = traceback.format_list([f])[0]
+        cell = cell_name(f.filename)
+        if cell:  # as IPython's own tracebacks name it
+            text = text.replace(f'File "{f.filename}", line {f.lineno}', f"{cell}, line {f.lineno}",
+                                1)
+        out.append(text)
     flush()
     return out
 

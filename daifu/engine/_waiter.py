@@ -110,7 +110,7 @@ class Waiter:
         from ._report import build as build_report
 
         report = build_report(crash)
-        event = CrashReport(where=report.where, title=report.title, statement=report.statement,
+        event = CrashReport(where=crash.where, title=report.title, statement=report.statement,
                             traceback="".join(report.traceback), variables=report.variables,
                             done_before=report.done_before, options=report.options)
         # (on the job's terminal the console shows the report itself: the log
