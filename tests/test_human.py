@@ -442,3 +442,42 @@ def test_replay_against_a_changed_script_warns_and_skips(tmp_path):
     assert again.returncode == 1  # nothing applied: the crash continues as without daifu
     skipped = [e for e in read_events(log) if e["event"] == "replay.skipped"]
     assert skipped and "the script changed" in skipped[0]["reason"]
+
+
+LIVE = textwrap.dedent('''
+    import time
+    from rich.live import Live
+    from rich.text import Text
+    from tqdm import tqdm
+
+    def run():
+        done = []
+        with Live(Text("training"), refresh_per_second=20) as live:
+            for step in tqdm(range(6), desc="steps"):
+                live.update(Text(f"training step {step}"))
+                done.append(10 // (step - 3))   # fails at step 3
+                time.sleep(0.01)
+        print("finished", done, flush=True)
+
+    run()
+''')
+
+
+def test_live_displays_and_progress_bars_step_aside_while_the_console_has_the_terminal(
+        tmp_path):
+    import select
+
+    script = tmp_path / "live.py"
+    script.write_text(LIVE)
+    p = PtyProcess([*python(), "-m", "daifu", "--log", str(tmp_path / "log.jsonl"),
+                    str(script)], cwd=str(tmp_path), env=env())
+    p.expect("(daifu) ")
+    # the prompt stays alone: nothing repaints over it while a person types
+    ready, _, _ = select.select([p.master], [], [], 1.0)
+    assert not ready, os.read(p.master, 4096)
+    p.send("!step = 5")
+    p.expect("(daifu) ")
+    p.send("retry")
+    tail = p.expect("finished", timeout=60)
+    assert "steps" in tail  # the bar is drawn again after the console
+    assert p.wait() == 0

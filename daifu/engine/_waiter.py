@@ -173,11 +173,13 @@ class Waiter:
 
     def _console(self, crash: Crash, engine: Engine, status: dict, report) -> str | None:
         from ._console import PASS, run_local
+        from ._progress import paused
 
         server = self._open(status, report.render(), local=True)
         self._notify(crash, server)
         try:
-            console = run_local(crash, engine.door(crash))
+            with paused():  # progress bars and live displays step aside
+                console = run_local(crash, engine.door(crash))
         finally:
             if server is not None:
                 server.stop()
