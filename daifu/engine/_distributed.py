@@ -293,6 +293,33 @@ def _rank() -> str:
 
 _rounds = 0
 _rounds_lock = threading.Lock()
+#: how long an agreement waits for its peers before it asks whether they are
+#: at a crash at all (``mark_at_crash``)
+AGREE_GRACE_S = 2.0
+
+
+def _crash_key(rank: int) -> str:
+    return f"daifu/at-crash/{rank}"
+
+
+def mark_at_crash(on: bool) -> None:
+    """Say in the job's store whether this rank is handling a crash (an
+    agreement's peers read it to fail fast).  Never raises."""
+    if not active():
+        return
+    try:
+        dist = sys.modules["torch.distributed"]
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_crash_key(dist.get_rank()), "1" if on else "0")
+    except Exception:
+        pass
+
+
+def _at_crash(store: Any, rank: int) -> bool:
+    try:
+        return bool(store.check([_crash_key(rank)])) and store.get(_crash_key(rank)) == b"1"
+    except Exception:
+        return True  # unknown: wait the whole agreement timeout, as before
 
 
 def agree(decision: Decision, crash: Crash) -> None:
@@ -313,11 +340,21 @@ def agree(decision: Decision, crash: Crash) -> None:
     timeout = _agree_timeout()
     key = f"daifu/agree/{n}/{rank}"
     store = None
+    absent: list[int] = []
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set(key, mine)
         keys = [f"daifu/agree/{n}/{r}" for r in range(world)]
-        store.wait(keys, datetime.timedelta(seconds=timeout))
+        grace = min(timeout, AGREE_GRACE_S)
+        try:
+            store.wait(keys, datetime.timedelta(seconds=grace))
+        except Exception:
+            # fail fast: a peer that is not at a crash (it runs on, or waits
+            # in a collective whose timeout nobody extends) cannot take it
+            absent = [r for r in range(world) if r != rank and not _at_crash(store, r)]
+            if absent:
+                raise
+            store.wait(keys, datetime.timedelta(seconds=max(timeout - grace, 0.1)))
         theirs = {r: store.get(k).decode() for r, k in enumerate(keys)}
     except Exception as exc:
         with _rounds_lock:
@@ -327,6 +364,13 @@ def agree(decision: Decision, crash: Crash) -> None:
                 store.delete_key(key)
         except Exception:
             pass
+        if absent:
+            names = ", ".join(map(str, absent))
+            raise PatchError(f"{decision.value} for all ranks: rank{'s' if len(absent) > 1 else ''}"
+                             f" {names} {'are' if len(absent) > 1 else 'is'} not at a crash (it "
+                             "runs on, or waits in a collective), so it cannot take it; refused "
+                             f"after {min(timeout, AGREE_GRACE_S):g}s -- fix the crashed rank "
+                             "alone (a rank-local rule or the console)") from None
         raise PatchError(f"{decision.value} for all ranks: not every rank of the job took it "
                          f"within {timeout:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
                          f"not crash here waits in a collective; fix the crashed rank alone "

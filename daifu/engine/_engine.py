@@ -331,11 +331,16 @@ class Engine:
         # log lines of this crash (crash.intercepted, journal.opened, ...) are
         # written once it is handled
         local = any(getattr(w, "console", False) for w in self.waiters)
+        ranked = _distributed.active()
+        if ranked:  # (peers of an agreement ask whether this rank is at a crash)
+            _distributed.mark_at_crash(True)
         try:
             with held() if local else contextlib.nullcontext(), \
                     collecting(group.events, lambda: group.hold):
                 return self._handle_crash(crash, key, forward, attempt)
         finally:
+            if ranked:
+                _distributed.mark_at_crash(False)
             self._tls.group = None
             self._end_group(group, crash)
             self._tls.crash = None
