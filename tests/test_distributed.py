@@ -402,3 +402,58 @@ def test_stacks_of_a_hung_job_name_the_rank_that_is_behind(tmp_path):
                 pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+
+
+SPAWNED = '''
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TABLE = {0: 1.0}
+
+
+def work(rank, world, init):
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    value = TABLE[rank]              # rank 1 has no entry
+    total = torch.tensor([value])
+    dist.all_reduce(total)
+    print(f"rank {rank} total {total.item()}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2, sys.argv[1]), nprocs=2)
+'''
+
+SPAWNED_FIX = '''
+import daifu
+
+@daifu.on(KeyError)
+def fill_in(crash):
+    crash.globals["TABLE"][crash.vars["rank"]] = 2.0
+    return daifu.RETRY
+'''
+
+
+def test_rank_placeholders_under_mp_spawn_name_each_process_by_its_group_rank(tmp_path):
+    """mp.spawn sets no RANK: {rank} in --log-file and --journal is the rank of
+    the process group each process made, not 0 in every process."""
+    (tmp_path / "spawned.py").write_text(SPAWNED)
+    (tmp_path / "fix.py").write_text(SPAWNED_FIX)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RANK", None)
+    proc = subprocess.run([sys.executable, "-m", "daifu", "--log-file", "events-{rank}.jsonl",
+                           "--journal", "journal-{rank}.jsonl", "--fixes", "fix.py",
+                           "spawned.py", str(tmp_path / "init")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0 total 3.0" in proc.stdout and "rank 1 total 3.0" in proc.stdout
+    crashed = [e for e in read_events(tmp_path / "events-1.jsonl")
+               if e["event"] == "crash.intercepted"]
+    assert len(crashed) == 1 and crashed[0]["exc_type"] == "KeyError"
+    assert (tmp_path / "journal-1.jsonl").exists()
+    assert not (tmp_path / "events-0.jsonl").exists() or not [
+        e for e in read_events(tmp_path / "events-0.jsonl") if e["event"] == "crash.intercepted"]

@@ -596,6 +596,32 @@ def job_identity(env: Any) -> str | None:
 
 _DISTRIBUTED = distributed()
 
+#: the file-name placeholders that name a rank
+RANK_FIELDS = ("{rank}", "{local_rank}", "{world_size}")
+
+
+def placeholders() -> dict[str, Any]:
+    """What ``{rank}``, ``{local_rank}``, ``{world_size}`` and ``{pid}`` in a
+    file name stand for here: the launcher's environment (torchrun), else the
+    process group the program made (``mp.spawn`` sets no ``RANK``), else 0, 0
+    and 1."""
+    where: dict[str, Any] = {"rank": 0, "local_rank": 0, "world_size": 1}
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            where.update(rank=dist.get_rank(), local_rank=dist.get_rank(),
+                         world_size=dist.get_world_size())
+    except Exception:
+        pass
+    return {**where, **distributed(), "pid": os.getpid()}
+
+
+def rank_unknown_yet(path: str) -> bool:
+    """Does ``path`` name a rank that only a process group made later can
+    tell (no ``RANK`` from a launcher)?"""
+    return any(f in path for f in RANK_FIELDS) and "RANK" not in os.environ and \
+        not placeholders().get("world_size", 1) > 1
+
 
 def _write(ev: Event) -> None:
     try:

@@ -26,7 +26,7 @@ from .._errors import DaifuWarning
 from .._private import check_private, open_private
 from ._crash import exception_text
 from ._decision import Decision
-from ._events import Event, distributed, emit, event
+from ._events import Event, distributed, emit, event, placeholders, rank_unknown_yet
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 
 if TYPE_CHECKING:
@@ -109,6 +109,10 @@ class Journal:
     through a symbolic link, never a file another user owns or may write)."""
 
     def __init__(self, path: str, keep: int = KEEP):
+        #: ``journal-{rank}.jsonl`` in a process that learns its rank only from
+        #: the process group the program makes later (``mp.spawn``): named at
+        #: the first record
+        self._template = path if rank_unknown_yet(path) else None
         self.path = os.path.abspath(path)
         self.keep = keep
         self._fd: int | None = None
@@ -126,6 +130,8 @@ class Journal:
         line = (json.dumps(record, default=repr) + "\n").encode()
         with self._lock:
             if self._fd is None:
+                if self._template is not None:
+                    self.path = os.path.abspath(self._template.format_map(placeholders()))
                 directory = os.path.dirname(self.path)
                 if directory == default_directory():
                     os.makedirs(directory, mode=0o700, exist_ok=True)

@@ -210,6 +210,10 @@ class Config:
             os.environ["DAIFU_FIXES"] = os.pathsep.join(os.path.abspath(f) for f in self.fixes)
         if self.log:
             os.environ["DAIFU_LOG"] = os.path.abspath(self.log)
+        if self.journal and "{" in self.journal:
+            # a journal per process ({rank}, {pid}): spawned children keep one
+            # too; a single file stays the parent's (children journal apart)
+            os.environ["DAIFU_JOURNAL"] = os.path.abspath(self.journal)
         if self.strict:
             os.environ["DAIFU_STRICT"] = "1"
         if self.dump:
@@ -257,12 +261,15 @@ class Config:
 
         from .._private import check_file
         from ..engine import ENGINE, EngineSettings
+        from ..engine._events import rank_unknown_yet
         from ..engine._journal import Journal, JournalError, Replay, default_path
         from ..engine._waiter import Waiter
         from ._logging import expand_path
 
         journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank
-        if journal:
+        if journal and self.journal and rank_unknown_yet(self.journal):
+            journal = self.journal  # (named at its first record, once the rank is known)
+        elif journal:
             check_file(journal, "the journal (--journal)", ConfigError)
         settings = EngineSettings(**self._engine_options(),
                                   journal=Journal(journal or default_path(script)))

@@ -8,6 +8,9 @@ to stderr -- readable lines on a terminal, JSON lines otherwise.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+from typing import Any
 
 from .._errors import ConfigError
 from .._private import open_private
@@ -17,7 +20,10 @@ from ..engine import _events
 def configure(log_file: str | None = None, level: str = "info") -> None:
     """Point daifu's events at ``log_file`` (JSON lines, mode 0600) or stderr.
     Raises ``ConfigError`` with one line when the file cannot be used."""
-    if log_file:
+    if log_file and _events.rank_unknown_yet(log_file):
+        expand_path(log_file)  # (a bad placeholder is said now)
+        _events.configure(_RankFile(log_file), level, json=True)  # type: ignore[arg-type]
+    elif log_file:
         log_file = expand_path(log_file)
         fd = open_private(log_file, "the log file (--log-file)", ConfigError, sink=True)
         stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
@@ -26,15 +32,45 @@ def configure(log_file: str | None = None, level: str = "info") -> None:
         _events.configure(None, level)
 
 
+class _RankFile:
+    """A per-rank log file (``events-{rank}.jsonl``) of a process that has no
+    ``RANK`` from a launcher (``mp.spawn``): opened at its first line, named
+    with the rank of the process group the program has made by then."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._stream: Any = None
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._stream is None:
+                path = expand_path(self.template)
+                try:
+                    fd = open_private(path, "the log file (--log-file)", OSError, sink=True)
+                except OSError as exc:
+                    sys.stderr.write(f"daifu: {exc}; daifu's log goes to stderr\n")
+                    self._stream = sys.stderr
+                else:
+                    self._stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
 def expand_path(path: str) -> str:
     """``{rank}``, ``{local_rank}``, ``{world_size}`` and ``{pid}`` in a log
     file name: one file per rank of a distributed job (``events-{rank}.jsonl``).
-    Outside a distributed job the rank fields are 0 and 1."""
+    The rank is the launcher's (``RANK``), else that of the process group
+    the program made (``mp.spawn``); outside a distributed job 0 and 1."""
     if "{" not in path:
         return path
-    from ..engine._events import distributed
-
-    where = {"rank": 0, "local_rank": 0, "world_size": 1, **distributed(), "pid": os.getpid()}
+    where = _events.placeholders()
     try:
         return path.format_map(where)
     except (KeyError, ValueError, IndexError) as exc:
