@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import importlib
 import sys
 import textwrap
 
@@ -53,18 +55,25 @@ def use(net, xs):
 '''
 
 
+@contextlib.contextmanager
+def installed(tmp_path, monkeypatch, name: str, source: str):
+    """``name`` written from ``source``, imported vaccinated; (module, path)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    daifu.install(modules=name)
+    try:
+        yield importlib.import_module(name), path
+    finally:
+        daifu.uninstall()
+        sys.modules.pop(name, None)
+        _registry.forget(str(path))  # a later reload must not see this file
+
+
 @pytest.fixture
 def module(tmp_path, monkeypatch):
-    path = tmp_path / "reload_target.py"
-    path.write_text(MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    daifu.install(modules="reload_target")
-    import reload_target
-
-    yield reload_target, path
-    daifu.uninstall()
-    sys.modules.pop("reload_target", None)
-    _registry.forget(str(path))  # a later reload must not see this file
+    with installed(tmp_path, monkeypatch, "reload_target", MODULE) as loaded:
+        yield loaded
 
 
 def test_report_names_effects_done_before_the_failure(module):
@@ -284,16 +293,8 @@ def train(items, log):
 
 @pytest.fixture
 def callers(tmp_path, monkeypatch):
-    path = tmp_path / "reload_callers.py"
-    path.write_text(CALLERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    daifu.install(modules="reload_callers")
-    import reload_callers
-
-    yield reload_callers, path
-    daifu.uninstall()
-    sys.modules.pop("reload_callers", None)
-    _registry.forget(str(path))
+    with installed(tmp_path, monkeypatch, "reload_callers", CALLERS) as loaded:
+        yield loaded
 
 
 FIXED_CALLER = CALLERS.replace("log.append(divide(a, b))     # the bug is here: b can be 0",
@@ -415,20 +416,8 @@ WHILE_LOOP = RESTRUCTURED.replace(
 
 @pytest.fixture
 def restructured(tmp_path, monkeypatch):
-    path = tmp_path / "reload_restructured.py"
-    path.write_text(RESTRUCTURED)
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def load():
-        daifu.install(modules="reload_restructured")
-        import reload_restructured
-
-        return reload_restructured
-
-    yield load, path
-    daifu.uninstall()
-    sys.modules.pop("reload_restructured", None)
-    _registry.forget(str(path))
+    with installed(tmp_path, monkeypatch, "reload_restructured", RESTRUCTURED) as (mod, path):
+        yield (lambda: mod), path
 
 
 def test_a_running_function_that_cannot_continue_is_called_again_from_its_caller(restructured):
