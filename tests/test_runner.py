@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -369,6 +370,25 @@ def test_a_fork_during_the_preload_waits_for_it(tmp_path):
     '''))
     proc = daifu(["fork.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0.001"})
     assert (proc.returncode, proc.stdout.strip()) == (0, "ok True"), proc.stderr
+
+
+def test_ctrl_c_during_the_preload_still_exits_by_sigint(tmp_path):
+    # CPython exits through SIGINT after an uncaught KeyboardInterrupt, but
+    # reads that from a flag every exec of a string clears: the preload
+    # thread's imports (dataclasses) cleared it while the traceback was
+    # printed, and Ctrl-C under daifu exited with status 1 (1 run in 5)
+    (tmp_path / "ctrlc.py").write_text(textwrap.dedent('''
+        import atexit, time
+        from daifu.engine import _preload
+        while not _preload._busy.locked():
+            time.sleep(0.0002)
+        atexit.register(time.sleep, 0.3)  # a writer flushing at exit: the preload goes on
+        raise KeyboardInterrupt  # while the preload imports
+    '''))
+    for _ in range(2):
+        proc = daifu(["ctrlc.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0.2"})
+        assert proc.returncode == -signal.SIGINT, proc.stderr
+        assert proc.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt"
 
 
 def test_a_module_imported_before_daifu_is_vaccinated_in_place(tmp_path):

@@ -16,7 +16,12 @@ longer has them before its first crash.  Two hazards, both handled:
   one of those modules at its first crash would hang): a before-fork hook
   waits for the imports to finish (milliseconds, once per process);
 * the thread must never raise into the program or print: every failure is
-  swallowed (the crash imports what it needs itself then, as without it).
+  swallowed (the crash imports what it needs itself then, as without it);
+* a program that dies of Ctrl-C must still die of SIGINT: CPython records an
+  uncaught ``KeyboardInterrupt`` in a flag that every ``exec`` of a string
+  clears (``run_eval_code_obj``), and imports do that (dataclasses,
+  namedtuples).  ``settle`` stops or waits for the thread, so that the
+  runner's excepthook can set the flag again after it (``hooks._runner``).
 
 ``DAIFU_PRELOAD=S`` sets the delay in seconds; ``0`` turns it off.
 """
@@ -32,10 +37,14 @@ DELAY_S = 2.0
 _busy = threading.Lock()
 _timer: threading.Timer | None = None
 _done = threading.Event()
+#: set by ``settle``: the thread, if it has not begun, does nothing
+_stopped = False
 
 
 def _imports() -> None:
     with _busy:
+        if _stopped:
+            return
         try:
             import hashlib  # noqa: F401
             import json  # noqa: F401
@@ -89,6 +98,15 @@ def start(delay: float | None = None) -> None:
     _timer.daemon = True
     _timer.name = "daifu-preload"
     _timer.start()
+
+
+def settle(timeout: float = 5.0) -> None:
+    """Make sure the thread imports nothing from now on: if it has not begun
+    it never will; if it has, wait for it (at most ``timeout`` s)."""
+    global _stopped
+    _stopped = True
+    if _busy.acquire(timeout=timeout):
+        _busy.release()
 
 
 def wait(timeout: float | None = None) -> bool:

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -508,6 +509,26 @@ def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | Non
     return tb
 
 
+def _exit_by_sigint() -> None:
+    """Keep python's exit through SIGINT after an uncaught ``KeyboardInterrupt``.
+
+    CPython records it in a flag (``unhandled_keyboard_interrupt``) that it
+    reads after finalising, and that every ``exec`` of a string clears
+    (``run_eval_code_obj`` resets it first), in any thread: the preload's
+    imports (dataclasses, namedtuples) or this hook's own would turn the exit
+    into status 1.  So: stop the preload, then set the flag again, the one
+    way CPython sets it -- a string exec that raises ``KeyboardInterrupt``."""
+    try:
+        from ..engine import _preload
+
+        _preload.settle()
+        exec("raise KeyboardInterrupt", {})  # noqa: S102 (a constant)
+    except KeyboardInterrupt:
+        pass
+    except Exception:  # never worse than without daifu
+        pass
+
+
 def _install_excepthook() -> None:
     previous = sys.excepthook
 
@@ -520,6 +541,8 @@ def _install_excepthook() -> None:
         if stripped is not tb and value is not None:
             value.__traceback__ = stripped
         previous(etype, value, stripped)
+        if etype is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
+            _exit_by_sigint()
 
     excepthook._daifu = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
