@@ -96,6 +96,29 @@ def test_a_pause_with_nobody_deciding_resumes_and_rules_never_see_it(program):
     assert ENGINE.summary() is None  # a pause is not a crash to speak of
 
 
+def test_a_break_that_reaches_no_vaccinated_statement_is_dropped(monkeypatch, capsys):
+    # armed in code that is not vaccinated, with no vaccinated statement to
+    # come: the tracer stayed on for the rest of the run (every call traced)
+    monkeypatch.setattr(_break, "ARMED_S", 0.05)
+    calls = []
+
+    def plain(i):  # not vaccinated
+        calls.append(i)
+
+    try:
+        _break.arm(sys._getframe())
+        assert sys.gettrace() is not None
+        deadline = time.monotonic() + 5
+        while sys.gettrace() is not None and time.monotonic() < deadline:
+            plain(len(calls))
+    finally:
+        _break._disarm()
+    assert sys.gettrace() is None and not _break._state["armed"]
+    assert calls and time.monotonic() < deadline
+    err = capsys.readouterr().err
+    assert "daifu: break: dropped" in err and "within 0.05s" in err
+
+
 def _start(tmp_path: Path, source: str) -> subprocess.Popen:
     (tmp_path / "job.py").write_text(source)
     env = {**os.environ, "DAIFU_RUNTIME_DIR": str(tmp_path / "run")}

@@ -20,6 +20,11 @@ How (see docs/architecture.md, "break"):
    ``exec``, ``up``, ``reload`` work as at a crash; whatever else happens
    (the wait ends, ``abort``) resumes the same way.
 
+An armed break that reaches no such statement within ``ARMED_S`` seconds (a
+program busy in code that is not vaccinated, or in one long C call) is
+dropped at the next event its tracer sees after that, with a line on the
+job's stderr: the tracer does not stay on for the rest of the run.
+
 ``Break`` derives from ``BaseException``: a program's ``except Exception``
 between the paused frame and a caller that takes a decision never sees it.
 """
@@ -30,11 +35,14 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from typing import Any
 
 #: the signal ``send PID break`` sends (``_rundir.STACKS_SIGNAL`` is +5)
 BREAK_SIGNAL = getattr(signal, "SIGRTMIN", 34) + 6
+#: seconds an armed break waits for a statement to pause at before it is dropped
+ARMED_S = 60.0
 
 
 class Break(BaseException):
@@ -52,7 +60,7 @@ def is_break(exc: BaseException) -> bool:
 
 _lock = threading.Lock()
 _armed: list[types.FrameType] = []  # frames given an f_trace (cleared when disarmed)
-_state: dict[str, Any] = {"armed": False, "previous": None}
+_state: dict[str, Any] = {"armed": False, "until": 0.0}
 
 
 def serve_break() -> int | None:
@@ -94,6 +102,7 @@ def arm(frame: types.FrameType | None) -> None:
 
     with _lock:
         _state["armed"] = True
+        _state["until"] = time.monotonic() + ARMED_S
         f = frame
         while f is not None:
             if cells_of(f.f_code) is not None:
@@ -115,17 +124,36 @@ def _disarm() -> None:
         _armed.clear()
 
 
+def _expired() -> bool:
+    """Past the deadline: drop the break (once), say so, trace no more."""
+    if time.monotonic() < _state["until"]:
+        return False
+    if _state["armed"]:
+        _disarm()
+        try:
+            sys.stderr.write(f"daifu: break: dropped: the main thread reached no statement of a "
+                             f"vaccinated function within {ARMED_S:g}s of the request; "
+                             "the job runs on (send break again to retry)\n")
+        except Exception:
+            pass
+    return True
+
+
 def _global(frame: types.FrameType, event: str, arg: Any):
     from ..cells import cells_of
 
+    if _expired():
+        return None
     if event == "call" and cells_of(frame.f_code) is not None:
         return _local
     return None
 
 
 def _local(frame: types.FrameType, event: str, arg: Any):
-    if event != "line" or not _state["armed"]:
-        return _local if _state["armed"] else None
+    if not _state["armed"] or _expired():
+        return None
+    if event != "line":
+        return _local
     if _at_a_statement_start(frame):
         _disarm()
         raise Break()

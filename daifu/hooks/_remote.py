@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from ..engine._break import ARMED_S
 from ..engine._control import (
     EndpointError,
     Session,
@@ -144,7 +145,8 @@ def pause(pid: int, who: str, timeout: float = 10.0) -> int:
         time.sleep(0.1)
     print(f"{who}: job {pid} has not paused within {timeout:g}s: its main thread has not "
           "reached a statement of a vaccinated function (it may be in a long C call: "
-          f"python -m daifu stacks {pid} shows where); it pauses when it does",
+          f"python -m daifu stacks {pid} shows where); it pauses if it does within "
+          f"{ARMED_S:g}s of the request, else the job drops the break and runs on",
           file=sys.stderr)
     return FAILED
 
