@@ -16,9 +16,11 @@ Loading rebuilds the same object graph (identity inside it included: a cell's
 
 An entry is keyed by what decides the rewrite: the file name (it is in the
 code), module name, selection, and a fingerprint of this daifu installation
-(the source of every daifu module), the Python version and the ``bytecode``
-version; it records a hash of the source and is used only when the source is
-byte-for-byte the one it was made from.  One entry per (file, module,
+(name, size and modification time of every daifu module and of the
+``bytecode`` library's: stat, not read, and ``bytecode`` is not imported --
+every start computes it), the daifu and Python versions; it records a hash
+of the source and is used only when the source is byte-for-byte the one it
+was made from.  One entry per (file, module,
 selection): a changed source overwrites it; entries not rewritten for 30 days
 are removed when a process first writes an entry.
 
@@ -32,11 +34,9 @@ rewritten as if there were no cache.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import marshal
 import os
-import pickle
 import stat
 import sys
 import time
@@ -46,7 +46,20 @@ import warnings
 from .._errors import DaifuWarning
 from .._private import check_private
 
-MAGIC = b"daifu-code-cache 1\n"
+# (the C modules themselves: ``hashlib`` loads OpenSSL and ``pickle`` a dozen
+# modules, milliseconds of every start that loads its code from the cache)
+try:
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - a Python built without it
+    from hashlib import blake2b
+try:
+    import _pickle as pickle
+except ImportError:  # pragma: no cover
+    import pickle  # type: ignore[no-redef]
+
+MAGIC = b"daifu-code-cache 2\n"
+#: the pickle protocol of entries (5: out-of-band buffers, Python 3.8+)
+PROTOCOL = 5
 #: entries not written for this long are removed when another is written
 #: (entries of older daifu versions or vanished files would stay forever)
 MAX_AGE_S = 30 * 24 * 3600
@@ -64,27 +77,44 @@ def default_directory() -> str:
     return os.path.join(base, "daifu")
 
 
+def _stat_tree(h, root: str) -> None:
+    """Name, size and mtime of every ``.py`` file under ``root``, in order."""
+    found = []
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name != "__pycache__":
+                    stack.append(entry.path)
+            elif entry.name.endswith(".py"):
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                found.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
+    h.update(repr(sorted(found)).encode())
+
+
 def fingerprint() -> bytes:
     """What makes entries of another daifu, Python or ``bytecode`` invalid."""
     global _fingerprint
     if _fingerprint is None:
-        import bytecode
+        from importlib.util import find_spec
 
         from .. import __version__
 
-        h = hashlib.sha256(MAGIC)
+        h = blake2b(MAGIC, digest_size=32)
         h.update(__version__.encode())
         h.update(sys.version.encode())
-        h.update(getattr(bytecode, "__version__", "?").encode())
-        root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-        sources = []
-        for folder, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            sources += [os.path.join(folder, n) for n in names if n.endswith(".py")]
-        for path in sorted(sources):
-            h.update(os.path.relpath(path, root).encode())
-            with open(path, "rb") as fh:
-                h.update(fh.read())
+        _stat_tree(h, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        spec = find_spec("bytecode")  # (found, not imported)
+        if spec is not None and spec.origin:
+            _stat_tree(h, os.path.dirname(os.path.realpath(spec.origin)))
         _fingerprint = h.digest()
     return _fingerprint
 
@@ -161,13 +191,13 @@ class CodeCache:
         return True
 
     def _path(self, filename: str, module: str | None, selection) -> str:
-        h = hashlib.sha256(fingerprint())
+        h = blake2b(fingerprint(), digest_size=32)
         h.update(repr((filename, module, selection)).encode())
         return os.path.join(self.directory, h.hexdigest()[:40] + ".pickle")
 
     @staticmethod
     def _source_hash(source: str) -> bytes:
-        return hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()
+        return blake2b(source.encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
     def load(self, source: str, filename: str, module: str | None, selection):
         """The cached ``(code, report)`` for this source, or ``None``."""
@@ -204,7 +234,7 @@ class CodeCache:
         buf.write(MAGIC)
         buf.write(self._source_hash(source))
         try:
-            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((code, report))
+            _Pickler(buf, protocol=PROTOCOL).dump((code, report))
             # an entry that would not load is never written (it would miss forever)
             _Unpickler(io.BytesIO(buf.getbuffer()[len(MAGIC) + 32:])).load()
         except Exception:  # something in the code daifu cannot store: no entry

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -149,6 +148,8 @@ def _collectives() -> list[dict[str, Any]] | None:
     try:
         if flight_recorder_off():
             return None
+        import pickle
+
         import torch
 
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore
