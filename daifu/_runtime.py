@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from ._record import field, record
 
-@dataclass
+
+@record
 class Runtime:
     #: filename -> ``cells._registry.LoadedFile``: the vaccinated files (the
     #: engine's "target files" and the reload's candidates)

@@ -1,7 +1,11 @@
 """The bytecode rewrite: vaccinated code objects and their cells.
 
 This is the package's face: the engine and the hooks import from here only.
+What reads source (``_source``: ``ast``, ``tokenize``) is imported on first
+use of its names, not at start-up.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
@@ -29,7 +33,6 @@ from ._cell import (
 from ._context import FrameContext, read_locals
 from ._dispatch import backend
 from ._registry import LoadedFile, files, forget, get, record, target_files
-from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
 from ._transform import (
     Report,
     Selection,
@@ -91,3 +94,18 @@ __all__ = [
     "vaccinate_module",
     "vaccinate_source",
 ]
+
+_SOURCE = frozenset({"ModuleSource", "contains", "entry_role", "map_statement",
+                     "source_for_file"})
+if TYPE_CHECKING:
+    from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _source
+
+    for lazy in _SOURCE:
+        globals()[lazy] = getattr(_source, lazy)
+    return globals()[name]

@@ -22,8 +22,9 @@ import functools
 import itertools
 import os
 import types
-from dataclasses import dataclass, field
 from typing import Any
+
+from .._record import field, record
 
 #: what a crash barrier answers; the stub the rewrite appends to every cell
 #: dispatches on it.  Besides these codes, an answer can be a 2-tuple
@@ -40,7 +41,7 @@ def jump_answer(cell_index: int, code: int) -> int:
     return 4 * cell_index + code
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Ref:
     """A side-effect-free expression: ``name`` (looked up in ``scope``: fast,
     global, name or deref), then attributes, read with
@@ -55,7 +56,7 @@ class Ref:
     is_const: bool = False
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Clause:
     """One ``except X:`` clause.
 
@@ -76,7 +77,7 @@ class Clause:
     col: int | None = None
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class ExceptGuard:
     """A ``try/except`` around the cell; catches when one of its clauses matches."""
 
@@ -84,7 +85,7 @@ class ExceptGuard:
     kind: str = "except"
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class WithGuard:
     """A ``with`` around the cell; ``slot`` is the value-stack index of its
     ``__exit__``.  ``context`` is the context expression as a ``Ref`` when it is
@@ -99,7 +100,7 @@ class WithGuard:
     kind: str = "with"
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class FinallyGuard:
     """A ``finally`` around the cell; it runs and re-raises (``swallows`` if it
     contains ``return``/``break``/``continue``)."""
@@ -108,7 +109,7 @@ class FinallyGuard:
     kind: str = "finally"
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class OpaqueGuard:
     """A handler daifu cannot reason about (``except*``, unknown shape): assume
     it catches, so daifu never takes an exception the program might handle."""
@@ -120,7 +121,7 @@ class OpaqueGuard:
 Guard = ExceptGuard | WithGuard | FinallyGuard | OpaqueGuard
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class CodeInfo:
     """What daifu knows about one vaccinated code object."""
 
@@ -204,7 +205,7 @@ class Capabilities:
         return self.continue_reason is None
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Cell(Capabilities):
     """One recoverable run of a statement (see module docstring)."""
 

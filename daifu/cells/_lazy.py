@@ -29,15 +29,17 @@ evaluation would pay the first call each time).
 
 from __future__ import annotations
 
-import ast
 import sys
 import threading
 import types
 import warnings
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import NotVaccinatedWarning
+
+if TYPE_CHECKING:
+    import ast
 
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 #: generators, coroutines, async generators, iterable coroutines
@@ -82,6 +84,8 @@ class Pending:
 
 def stubbable(code: types.CodeType, scope: ast.AST, parent: ast.AST | None) -> bool:
     """Can ``code`` (compiled from ``scope``, defined directly in ``parent``) get a stub?"""
+    import ast  # (the rewrite's path, not the cache's)
+
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     if not isinstance(parent, (ast.Module, ast.ClassDef)) or code.co_flags & _CO_NOT_STUBBED:

@@ -7,17 +7,17 @@ new code, and to vaccinate the new code the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import _record
 from .._runtime import RUNTIME
-from ._source import ModuleSource
 
 if TYPE_CHECKING:
+    from ._source import ModuleSource
     from ._transform import Selection
 
 
-@dataclass
+@_record.record
 class LoadedFile:
     filename: str
     module: str | None
@@ -30,6 +30,8 @@ class LoadedFile:
         """The parsed source (parsed on first use: code loaded from the cache
         was never parsed)."""
         if self._msrc is None:
+            from ._source import ModuleSource  # (ast: not at start-up)
+
             self._msrc = ModuleSource(self.source, self.filename)
         return self._msrc
 

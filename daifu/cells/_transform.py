@@ -8,28 +8,30 @@ rewritten is reported (warning + structured event) and left unmodified, unless
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import dis
 import io
 import os
 import sys
 import types
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
+from .._record import field, record, replace
 from .._runtime import RUNTIME
 from . import _lazy, _registry
 from ._backend import Backend
 from ._cell import CodeInfo, is_vaccinated
 from ._dispatch import backend
-from ._source import ModuleSource, has_loop, is_marked, source_for_file
+
+if TYPE_CHECKING:
+    import ast
+
+    from ._source import ModuleSource
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Selection:
     """Which code objects of a module to vaccinate.
 
@@ -52,6 +54,10 @@ class Selection:
     eager: bool = False
 
     def wants(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
+        import ast
+
+        from ._source import has_loop, is_marked
+
         if isinstance(scope, ast.Module):
             return self.module_level or "<module>" in self.entries
         if isinstance(scope, ast.ClassDef):
@@ -80,7 +86,7 @@ class Selection:
                 and p not in RUNTIME.matched_entries]
 
 
-@dataclass
+@record
 class Report:
     """What happened to one module (or function)."""
 
@@ -160,6 +166,8 @@ def _check_version(report: Report) -> Backend | None:
 def _dump(report: Report, code: types.CodeType) -> None:
     buf = io.StringIO()
     print(f"=== daifu: vaccinated {code.co_qualname} ({code.co_filename}) ===", file=buf)
+    import dis
+
     dis.dis(code, file=buf, depth=0)
     text = buf.getvalue()
     report.dumps.append(text)
@@ -288,10 +296,8 @@ def vaccinate_source(
     original = source
     failure: BaseException | None = None
     if isinstance(source, bytes):
-        from importlib.util import decode_source
-
         try:
-            source = decode_source(source)
+            source = _decode(source)
         except (SyntaxError, UnicodeDecodeError) as exc:
             failure = exc
     if failure is not None or not isinstance(source, str):  # (raised outside the handler:
@@ -310,6 +316,10 @@ def vaccinate_source(
             if report.lazy:
                 _lazy.attach(code, loaded)
             return code, report
+    import ast  # (a miss: the cache path needs neither ast nor _source)
+
+    from ._source import ModuleSource
+
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError) as exc:
@@ -319,9 +329,20 @@ def vaccinate_source(
     code = compile(tree, filename, "exec", dont_inherit=True)
     msrc = ModuleSource(source, filename, tree)
     new_code, report = vaccinate_module(code, msrc, selection, module)
-    if cache is not None and (report.vaccinated or report.lazy):
+    if cache is not None:  # (nothing to protect, too: the next start parses nothing)
         cache.store(source, filename, module, selection, new_code, report)
     return new_code, report
+
+
+def _decode(source: bytes) -> str:
+    """``importlib.util.decode_source``, without importing ``tokenize`` for a
+    source with neither a BOM nor a coding cookie (its first two lines)."""
+    if source.startswith(b"\xef\xbb\xbf") or any(
+            b"coding" in line for line in source.split(b"\n", 2)[:2]):
+        from importlib.util import decode_source
+
+        return decode_source(source)
+    return io.IncrementalNewlineDecoder(None, True).decode(source.decode("utf-8"))
 
 
 def python_syntax_error(source: str | bytes, filename: str) -> SyntaxError:
@@ -369,6 +390,8 @@ def vaccinate_function(fn: Callable) -> bool:
     back = _check_version(report)
     if back is None:
         return False
+    from ._source import source_for_file
+
     msrc = source_for_file(code.co_filename)
     scope = msrc.scope_for(code) if msrc is not None else None
     if scope is None:
@@ -395,7 +418,7 @@ def vaccinate_function(fn: Callable) -> bool:
         _registry.record(code.co_filename, getattr(fn, "__module__", None),
                          Selection(entries=(code.co_qualname,)), msrc.source, msrc)
     else:  # the file's own selection and source, plus this function
-        selection = dataclasses.replace(
+        selection = replace(
             known.selection, entries=known.selection.entries + (code.co_qualname,))
         _registry.record(known.filename, known.module, selection, known.source, known._msrc)
     return True

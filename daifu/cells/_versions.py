@@ -16,10 +16,11 @@ architecture.md ("Versions as data") lists what each would still need.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+
+from .._record import record, replace
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Behaviour:
     """One CPython version's bytecode, as far as the rewrite cares."""
 

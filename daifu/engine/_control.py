@@ -20,10 +20,10 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from queue import Queue
 from typing import Any
 
+from .._record import field, record
 from ._rundir import (  # noqa: F401 - re-exported: where sockets live
     RUNTIME_ENV,
     EndpointError,
@@ -107,7 +107,7 @@ def _lines(conn: socket.socket, limit: int = MAX_LINE) -> Iterator[dict]:
             raise ProtocolError(f"a request line longer than {limit} bytes")
 
 
-@dataclass
+@record
 class Request:
     """A command from a client, executed by the waiting thread."""
 

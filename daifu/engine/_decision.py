@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import types
-from dataclasses import dataclass
 from typing import Any
+
+from .._record import record
 
 
 class Decision(enum.Enum):
@@ -50,7 +51,7 @@ def all_ranks(decision: Decision) -> AllRanks:
     return AllRanks(decision)
 
 
-@dataclass
+@record
 class Resolution:
     """How one crash ends: built up while its patches are applied, then
     turned into the stub's answer by ``Engine._conclude`` alone.  Nothing

@@ -28,7 +28,6 @@ one rank:
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import threading
@@ -112,6 +111,8 @@ def extend_collective_timeouts() -> None:
         return
 
     def _new_process_group_helper(*args, **kwargs):
+        import datetime
+
         timeout = kwargs.get("timeout")
         extra = peer_timeout_s()
         if extra and isinstance(timeout, datetime.timedelta):
@@ -338,6 +339,8 @@ def agree(decision: Decision, crash: Crash) -> None:
         n = _rounds
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = f"{crash.where}|{crash.statement}|{decision.value}"
+    import datetime
+
     timeout = _agree_timeout()
     key = f"daifu/agree/{n}/{rank}"
     store = None

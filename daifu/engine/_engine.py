@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
 import time
-import traceback
 import types
-from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PatchError
+from .._record import field, record, replace
 from ..cells import (
     CONTINUE_CODE,
     RAISE_CODE,
@@ -82,7 +80,7 @@ _NOT_CRASHES = (StopIteration, StopAsyncIteration)
 PASSED_ON = "passed on to a vaccinated caller"
 
 
-@dataclass
+@record
 class _Pending:
     """A retry decided at (frame, cell): if the retried statement fails again
     (its ``lasti`` is in the cell's retry copy), that is the next attempt of
@@ -181,7 +179,7 @@ def _in_dataloader_worker() -> bool:
         return False
 
 
-@dataclass
+@record
 class EngineSettings:
     """Everything the engine is configured with, in one object: made by the
     runner's ``Config`` (``hooks/_config.py``), or from the environment, and
@@ -200,7 +198,7 @@ class EngineSettings:
     #: interactive patch sources (console, remote attach) -- consulted after
     #: the rules; each has ``wait(crash, engine) -> str | None`` (why it
     #: stopped waiting without a decision)
-    waiters: list[Any] = dataclasses.field(default_factory=list)
+    waiters: list[Any] = field(default_factory=list)
 
     @classmethod
     def from_env(cls) -> EngineSettings:
@@ -392,7 +390,7 @@ class Engine:
             if forward is not None and forward[0] is exc:  # taken at the callee's crash
                 del self._forward[id(exc)]
                 if not res.final:
-                    crash.patches.put(dataclasses.replace(forward[2], frame=0))
+                    crash.patches.put(replace(forward[2], frame=0))
                     res.decision, res.reason = self._drain(crash), forward[2].origin
             if res.decision is not None:
                 pass
@@ -441,6 +439,8 @@ class Engine:
             try:
                 verdict = rule.fn(crash)
             except Exception as err:
+                import traceback
+
                 emit(RuleFailed(rule=rule.origin, where=crash.where,
                                 error=exception_text(err, with_type=True),
                                 traceback="".join(traceback.format_exception(err))))
@@ -773,7 +773,7 @@ class Engine:
         crash.resolution.note = (f"{replaced[1]}() was replaced while it runs: its call is "
                                  f"re-executed in caller frame {level} "
                                  f"({crash.frame_at(level).f_code.co_qualname})")
-        return dataclasses.replace(patch, frame=level)
+        return replace(patch, frame=level)
 
     @staticmethod
     def _upward(patch: DecisionPatch, crash: Crash | None) -> Decision:
@@ -900,6 +900,8 @@ class Engine:
 
     def _internal(self, what: str, crash: Crash | None) -> None:
         try:
+            import traceback
+
             err = sys.exc_info()[1]
             emit(InternalError(where=crash.where if crash else what,
                                error=f"{what}: {exception_text(err, with_type=True)}",

@@ -16,14 +16,13 @@ module whose ``hasattr()`` imports modules behind it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, ClassVar, cast
 
+from .._record import FrozenInstanceError, record
 from .._runtime import RUNTIME
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -64,8 +63,9 @@ def _field(*, default_factory: Callable[[], Any]) -> Any:
 
 
 if TYPE_CHECKING:  # (type checkers know what a frozen dataclass accepts)
+    from dataclasses import dataclass, field
+
     event = dataclass(frozen=True)
-    from dataclasses import field
 else:
     event, field = _make_event, _field
 
@@ -102,10 +102,10 @@ class Event:
             object.__setattr__(self, name, values[name])
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
     def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.fields() == other.fields()
@@ -382,7 +382,7 @@ def held() -> Iterator[None]:
             write(ev)  # (to the block around this one, if it holds too)
 
 
-@dataclass
+@record
 class _Sink:
     """Where daifu's events go; the structlog logger is built on first use."""
 

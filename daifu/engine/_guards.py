@@ -28,8 +28,6 @@ callers outside the target files.
 from __future__ import annotations
 
 import contextlib
-import dis
-import inspect
 import sys
 import threading
 import types
@@ -50,12 +48,20 @@ from ..cells import (
     cells_of,
     original_code,
     read_locals,
-    source_for_file,
 )
 
 _UNKNOWN = object()
-_CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
-                      | inspect.CO_ASYNC_GENERATOR)
+# (inspect's code flags; inspect itself is imported where it is used: it costs
+# every start 1-2 ms)
+_CO_GENERATOR, _CO_COROUTINE, _CO_ITERABLE_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x100, 0x200
+_CO_GENERATOR_LIKE = (_CO_GENERATOR | _CO_COROUTINE | _CO_ITERABLE_COROUTINE
+                      | _CO_ASYNC_GENERATOR)
+
+
+def _getattr_static(obj: Any, attr: str, *default: Any) -> Any:
+    import inspect
+
+    return inspect.getattr_static(obj, attr, *default)
 
 
 # -- reading expressions without side effects ----------------------------------------
@@ -96,7 +102,7 @@ def eval_ref(ref: Ref, ns: _Namespace) -> Any:
         if value is _UNKNOWN:
             return _UNKNOWN
         try:
-            value = inspect.getattr_static(value, attr)
+            value = _getattr_static(value, attr)
         except AttributeError:
             return _UNKNOWN
         if isinstance(value, (property, staticmethod, classmethod, types.MemberDescriptorType,
@@ -165,7 +171,7 @@ def suppresses(cm: Any, exc: BaseException, depth: int = 0) -> bool | None:
             return True if expected is None else _subclass_verdict(exc, expected)
         if mod == "unittest.case" and name == "_AssertRaisesContext":
             return _subclass_verdict(exc, cm.expected)
-        exit_fn = inspect.getattr_static(cls, "__exit__", None)
+        exit_fn = _getattr_static(cls, "__exit__", None)
         return _exit_may_suppress(exit_fn)
     except Exception:
         return None
@@ -211,7 +217,7 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
     if isinstance(value, type):
         if issubclass(value, (contextlib.ExitStack, contextlib.AsyncExitStack)):
             return None  # its callbacks are not known until it runs
-        return _exit_may_suppress(inspect.getattr_static(value, "__exit__", None))
+        return _exit_may_suppress(_getattr_static(value, "__exit__", None))
     if _raises_factory(getattr(value, "__func__", value)):
         # `with self.assertRaises(E):` -- catches E
         expected = eval_ref(guard.args[0], ns) if guard.args else _UNKNOWN
@@ -219,7 +225,7 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
             return None
         return _subclass_verdict(exc, expected)
     wrapped = getattr(value, "__wrapped__", None)
-    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & inspect.CO_GENERATOR:
+    if isinstance(wrapped, types.FunctionType) and wrapped.__code__.co_flags & _CO_GENERATOR:
         # @contextmanager factory: may swallow only if the generator catches
         back, _ = backend()
         if back is None or back.has_except_handler(original_code(wrapped.__code__)):
@@ -342,7 +348,6 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     return False
 
 
-_CO_COROUTINE = inspect.CO_COROUTINE
 
 
 def _exception_path(frame: types.FrameType):
@@ -460,6 +465,8 @@ def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
     back, _ = backend()
     if back is None or not _covered(code, offset):
         return ()  # no handler around it: nothing to decode (or parse)
+    from ..cells import source_for_file
+
     return back.chain_for_code(code, offset, source_for_file(code.co_filename))
 
 
@@ -467,6 +474,8 @@ def _covered(code: types.CodeType, offset: int) -> bool:
     """Is byte ``offset`` of ``code`` inside an exception-table entry?"""
     if not code.co_exceptiontable:
         return False
+    import dis
+
     entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
     return any(e.start <= offset < e.end for e in entries)
 

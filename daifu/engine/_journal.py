@@ -18,9 +18,9 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import _record
 from .. import cells as _registry  # (the loaded-files registry: get, files, record)
 from .._errors import DaifuWarning
 from .._private import check_private, open_private
@@ -257,11 +257,11 @@ def _parse(path: str, n: int, line: str, last: bool) -> dict | None:
     return record
 
 
-@dataclass
+@_record.record
 class _Recorded:
     number: int
     key: dict[str, str]
-    patches: list[dict] = field(default_factory=list)
+    patches: list[dict] = _record.field(default_factory=list)
     used: bool = False
     #: how many more times the same crash came back, handled the same way
     repeats: int = 0

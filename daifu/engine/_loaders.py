@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import os
 import types
-from dataclasses import dataclass
 from typing import Any
 
 from .._errors import PatchError
+from .._record import record
 from ..cells import read_locals
 
 _DATALOADER = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
@@ -45,7 +45,7 @@ _PASS_THROUGH = (("tqdm", "tqdm.__iter__"),)
 _MAX_SENT = 4096
 
 
-@dataclass
+@record
 class LoaderFailure:
     """A batch of a DataLoader iterator failed."""
 

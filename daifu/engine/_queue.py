@@ -10,13 +10,13 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .._record import field, record
 from ._decision import Decision
 
 
-@dataclass
+@record
 class Patch:
     """Base class.  ``origin`` says who sent it (``rule:fixes.fix_path``, ...)."""
 
@@ -27,7 +27,7 @@ class Patch:
         return self.kind
 
 
-@dataclass
+@record
 class DecisionPatch(Patch):
     """Resume the crashed frame: retry, skip, or give up."""
 
@@ -45,7 +45,7 @@ class DecisionPatch(Patch):
             + (" (all ranks)" if self.scope == "job" else "")
 
 
-@dataclass
+@record
 class ExecPatch(Patch):
     """Run code in the crashed frame's context (the paper's *action*)."""
 
@@ -60,7 +60,7 @@ class ExecPatch(Patch):
         return text + (f" (in caller frame {self.frame})" if self.frame else "")
 
 
-@dataclass
+@record
 class ReplacePatch(Patch):
     """Swap a function's code everywhere it is referenced (the paper's *surgery*)."""
 
@@ -73,7 +73,7 @@ class ReplacePatch(Patch):
         return f"{name} <- {getattr(self.new, '__qualname__', repr(self.new))}"
 
 
-@dataclass
+@record
 class ReloadPatch(Patch):
     """Re-read changed source files and swap the code of changed functions,
     continuing the running function in its new code (the paper's *surgery*).
@@ -95,7 +95,7 @@ class ReloadPatch(Patch):
         return self.result.summary()
 
 
-@dataclass
+@record
 class AlwaysPatch(Patch):
     """The console's ``always``: ``action`` "set" remembers ``decision`` as
     the standing answer to this crash's statement and exception type (after
@@ -111,7 +111,7 @@ class AlwaysPatch(Patch):
         return f"always {self.decision.value}" if self.decision else f"always {self.action}"
 
 
-@dataclass
+@record
 class CheckpointPatch(Patch):
     """Save the training state now (``_checkpoint``); ``path``: where (None:
     the checkpoint directory).  ``saved``/``result``: the file and the

@@ -26,11 +26,11 @@ import sys
 import time
 import types
 import warnings
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import cells as _registry  # (the loaded-files registry: get, files, record)
 from .._errors import PatchError
+from .._record import field, record
 from ..cells import (
     CodeInfo,
     ModuleSource,
@@ -52,7 +52,7 @@ UNBOUND = type("Unbound", (), {"__repr__": lambda self: "<unbound>"})()
 _SKIP_NAMES = ("<lambda>", "<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>", "<module>")
 
 
-@dataclass
+@record
 class Change:
     qualname: str
     filename: str
@@ -65,7 +65,7 @@ class Change:
         return text + (f" -- {self.detail}" if self.detail else "")
 
 
-@dataclass
+@record
 class ReloadResult:
     changes: list[Change] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
@@ -87,7 +87,7 @@ class ReloadResult:
         return "reload:\n" + "\n".join(f"  {c}" for c in self.changes)
 
 
-@dataclass
+@record
 class CallerResume:
     """A caller's part of a reload: at ``level`` of the crashed stack, its
     changed function ``change`` continues in the new code of ``file``."""
@@ -100,7 +100,7 @@ class CallerResume:
     function: types.FunctionType
 
 
-@dataclass
+@record
 class _File:
     filename: str
     old: str | None  # None: not known (see _text_before_edit)
@@ -493,7 +493,8 @@ def _continuation(crash: Crash, f: _File, change: Change,
 def resume_caller(crash: Crash, resume: CallerResume) -> ReloadResult:
     """At the barrier of the caller a reload chose (``CallerResume``): the
     continuation of its call in the new code, already installed."""
-    fn, args, _ = _continuation(crash, resume.file, resume.change, resume.function)
+    func = cast(types.FunctionType, resume.function)  # (mypy binds a function-typed field)
+    fn, args, _ = _continuation(crash, resume.file, resume.change, func)
     return ReloadResult(changes=[resume.change], continuation=(fn, args), running=resume.change)
 
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass, field
 from typing import ClassVar
 
+from .._record import field, record
 from ._events import Event, event
 
 #: identical handlings at one site written in full before counting starts
@@ -45,7 +45,7 @@ class CrashRepeated(Event):
     shown: int = SHOWN
 
 
-@dataclass
+@record
 class Group:
     """The events and journal records of one crash's handling."""
 
@@ -67,7 +67,7 @@ class Group:
         return tuple(out)
 
 
-@dataclass
+@record
 class Ending:
     """What the engine does when a group ends."""
 
@@ -77,7 +77,7 @@ class Ending:
     journal_repeat: tuple[int, int] | None = None
 
 
-@dataclass
+@record
 class _Site:
     signature: tuple | None  # None: handled by a human; nothing repeats that
     count: int  # identical groups so far, the written ones included

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ def replace(target: Any, new: Any) -> None:
 
 
 def _function(obj: Any, role: str) -> types.FunctionType:
-    if isinstance(obj, (staticmethod, classmethod)) or inspect.ismethod(obj):
+    if isinstance(obj, (staticmethod, classmethod)) or isinstance(obj, types.MethodType):
         obj = obj.__func__
     if isinstance(obj, property):
         raise PatchError(f"daifu.replace: {role} is a property; replace its fget instead")

@@ -18,10 +18,10 @@ import reprlib
 import sys
 import traceback
 import types
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import cells as _registry
+from .._record import field, record
 from ._crash import _installed, exception_text, is_plumbing, library_package
 from ._events import distributed
 
@@ -36,7 +36,7 @@ _MUTATING_METHODS = frozenset({
 })
 
 
-@dataclass
+@record
 class Report:
     """A structured crash report (also logged as the ``crash.report`` event)."""
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
+
+from .._record import record
 
 if TYPE_CHECKING:
     from ._crash import Crash
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 Where = str | Callable[["Crash"], bool] | None
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Rule:
     fn: Callable[[Crash], Any]
     exc_types: tuple[type[BaseException], ...]

@@ -33,11 +33,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 
 from .._errors import ConfigError
+from .._record import field, record, replace
 from ..cells import Selection
 from ._patterns import ModuleMatcher
 
@@ -80,7 +79,7 @@ def _split(text: str | None, sep: str = ",") -> tuple[str, ...]:
     return tuple(x.strip() for x in (text or "").split(sep) if x.strip())
 
 
-@dataclass
+@record
 class Config:
     modules: str = ""
     entry: tuple[str, ...] = ("*",)
@@ -247,7 +246,7 @@ class Config:
         options.dump = self.dump
         options.cache = self.code_cache()
         # (the journal and the waiters, set by ``setup_engine``, are kept)
-        ENGINE.configure(dataclasses.replace(ENGINE.settings, **self._engine_options()))
+        ENGINE.configure(replace(ENGINE.settings, **self._engine_options()))
 
     def _engine_options(self) -> dict:
         return {"max_attempts": self.max_attempts, "checkpoint": self.checkpoint,

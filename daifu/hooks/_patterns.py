@@ -9,10 +9,10 @@ daifu never claims itself or the libraries it is built on.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from .._errors import ConfigError
+from .._record import record
 
 NEVER = ("daifu", "bytecode", "structlog")
 
@@ -20,7 +20,7 @@ _COMPONENT = re.compile(r"^[A-Za-z0-9_*?\[\]!-]+$")
 _LITERAL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModulePattern:
     text: str
     parts: tuple[str, ...]

@@ -19,7 +19,6 @@ import os
 import runpy
 import sys
 import threading
-import traceback
 import types
 import warnings
 from typing import NoReturn
@@ -350,6 +349,8 @@ def load_fixes(paths, fatal: bool = False) -> None:
             spec.loader.exec_module(mod)
         except Exception:
             sys.stderr.write(f"python -m daifu: error: the fixes file {path} failed to load:\n")
+            import traceback
+
             traceback.print_exc()
             if fatal:
                 raise SystemExit(2) from None
@@ -388,6 +389,8 @@ def _check_entries(cfg: Config) -> None:
 
 def _syntax_error(exc: SyntaxError) -> NoReturn:
     """What ``python bad.py`` prints: the error, its line and caret, no traceback."""
+    import traceback  # (traceback imports linecache, tokenize, textwrap: not at start-up)
+
     traceback.print_exception(type(exc), exc, None)
     raise SystemExit(1)
 

@@ -39,16 +39,14 @@ from typing import Any
 
 from .._versions import running
 
-_entry = running()
-assert _entry is not None, "daifu.cells._dispatch imports this only on a supported version"
+_running = running()
+assert _running is not None, "daifu.cells._dispatch imports this only on a supported version"
+_entry = _running
 PYTHON = _entry.python
 
-# frame access: one module per frame-layout family (``_versions``)
-_frames = importlib.import_module(f"daifu.cells.{_entry.frames}")
-called_from_c, read_locals = _frames.called_from_c, _frames.read_locals
-running_function, write_locals = _frames.running_function, _frames.write_locals
-
-#: what ``_core`` provides, imported on first use
+#: frame access (one module per frame-layout family, ``_versions``: it builds
+#: ctypes structures) and what ``_core`` provides: both imported on first use
+_FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "write_locals"})
 _LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "calls_unpacked",
                    "cell_ranges", "chain_for_code", "effects", "has_except_handler",
                    "lasti_offset", "returns_truthy", "rewrite", "plan", "emit", "assemble",
@@ -61,6 +59,11 @@ __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_
 
 
 def __getattr__(name: str) -> Any:
+    if name in _FRAMES:
+        frames = importlib.import_module(f"daifu.cells.{_entry.frames}")
+        for lazy in _FRAMES:
+            globals()[lazy] = getattr(frames, lazy)
+        return globals()[name]
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from . import _core

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 import types
-from dataclasses import dataclass, field
 from typing import cast
 
 from bytecode import Bytecode, Instr, Label
 
+from ..._record import field, record
 from .._cell import Cell, CodeInfo, WithGuard
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
@@ -55,7 +55,7 @@ __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_
            "write_locals"]
 
 
-@dataclass
+@record
 class Plan:
     """What ``plan`` decided for one code object: its decoded instructions with
     their stack depths, the runs (each with its ``Cell``), and the labels the

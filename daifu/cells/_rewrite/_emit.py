@@ -3,12 +3,12 @@ stubs, and the prologue of a continuation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import cast
 
 from bytecode import Compare, Instr, Label
 from bytecode.instr import CellVar, InstrLocation
 
+from ..._record import field, record
 from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE, jump_answer
 from ._ops import (
     _BACKWARD,
@@ -23,7 +23,7 @@ from ._ops import (
 from ._runs import _Run
 
 
-@dataclass
+@record
 class _Item:
     instr: Instr | None = None
     key: EntryKey | None = None
@@ -52,7 +52,7 @@ def _callable(load: list[Instr], loc) -> list[Instr]:
     return [*load, _instr("PUSH_NULL", loc=loc)]
 
 
-@dataclass
+@record
 class Continuation:
     """Asks ``rewrite`` for a *continuation* of new code: a variant entered at
     ``stmt`` (the statement corresponding to the one that failed in the old

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dis
 import sys
-from dataclasses import dataclass
 from typing import cast
 
 from bytecode import Instr, Label
 
+from ..._record import record
 from .._versions import TABLE
 
 #: the running interpreter's behaviours (``_dispatch`` imports this package
@@ -117,7 +117,7 @@ _CLAUSE_STOP = frozenset(
 EntryKey = tuple  # (handler Label, push_lasti: bool, depth: int)
 
 
-@dataclass
+@record
 class _Op:
     instr: Instr
     entry: EntryKey | None

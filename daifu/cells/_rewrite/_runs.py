@@ -3,11 +3,11 @@ what retry, skip and continue would do at each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bytecode import Label
 
+from ..._record import field, record
 from .._cell import Cell
 from .._source import ModuleSource
 from ._analysis import _effect, _touch
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import ast
 
 
-@dataclass
+@record
 class _Run:
     start: int
     base: int
