@@ -96,7 +96,7 @@ def _stat_tree(h, root: str) -> None:
                     st = entry.stat()
                 except OSError:
                     continue
-                found.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
+                found.append((entry.path[len(root):], st.st_size, st.st_mtime_ns))
     h.update(repr(sorted(found)).encode())
 
 

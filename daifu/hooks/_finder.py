@@ -109,17 +109,17 @@ class DaifuFinder:
 # one named ``_call_with_frames_removed`` in an importlib file; the loader's
 # ``get_code`` (which importlib's ``exec_module`` calls) is compiled as such a
 # frame, and re-raises a SyntaxError from itself, its traceback starting there.
-_FRAMES_REMOVED_SOURCE = """
 def _call_with_frames_removed(self, fullname):
     try:
         return self._get_code(fullname)
     except SyntaxError as exc:
-        raise exc.with_traceback(None)
-"""
-_namespace: dict = {}
-exec(compile(_FRAMES_REMOVED_SOURCE, "<frozen importlib._bootstrap_external>", "exec"),
-     _namespace)
-_frames_removed_get_code = _namespace["_call_with_frames_removed"]
+        raise exc.with_traceback(None)  # noqa: B904 (the same exception, as importlib does)
+
+
+# (the name and file importlib's traceback trimming looks for)
+_call_with_frames_removed.__code__ = _call_with_frames_removed.__code__.replace(
+    co_filename="<frozen importlib._bootstrap_external>")
+_frames_removed_get_code = _call_with_frames_removed
 
 
 class DaifuLoader(SourceFileLoader):

@@ -10,7 +10,6 @@ tracebacks of the script's uncaught exceptions.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import builtins
 import importlib.machinery
@@ -21,7 +20,7 @@ import sys
 import threading
 import types
 import warnings
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
@@ -31,6 +30,9 @@ from . import _logging
 from ._config import Config, parse_wait
 from ._finder import compile_vaccinated
 from ._install import install
+
+if TYPE_CHECKING:
+    import argparse
 
 USAGE = """\
 python -m daifu [options] script.py [args ...]
@@ -83,6 +85,8 @@ COMMANDS = ("ps", "attach", "send", "stacks", "journal", "doctor", "help")
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # (and gettext: only when there are options to parse)
+
     p = argparse.ArgumentParser(
         prog="python -m daifu", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -179,13 +183,14 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(run(argv[0], argv[1:]))
     options, script, module, args = _split_argv(argv)
+    ns: Any
     if options:  # (argparse, and what it imports, only when there is something to parse)
         parser = _parser()
         if "-m" in options:
             parser.error("-m needs a module name")
         ns = parser.parse_args(options)
     else:
-        ns = argparse.Namespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
+        ns = types.SimpleNamespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
                                 log_level=None, strict=False, dump=None, wait=None,
                                 notify=None, no_console=False, journal=None, replay=None,
                                 no_cache=False, unprotected=False, no_lazy=False,
