@@ -57,7 +57,10 @@ def test_toolz_suite_passes_on_code_loaded_from_the_cache(tmp_path):
     assert passed == first[1] >= 190 and functions == first[2] >= 150
     modules = [e for e in events if e["event"] == "module.vaccinated" and e["functions"]]
     assert modules and all(e["cached"] for e in modules)
-    assert not [e for e in first[4] if e["event"] == "module.vaccinated" and e["cached"]]
+    # (the first run rewrote every module it vaccinated; one with nothing to
+    # protect is cached too, and may be a hit when the suite imports it again)
+    assert not [e for e in first[4]
+                if e["event"] == "module.vaccinated" and e["cached"] and e["functions"]]
 
 
 def test_networkx_suite_passes_vaccinated(tmp_path):

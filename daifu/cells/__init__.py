@@ -5,7 +5,7 @@ What reads source (``_source``: ``ast``, ``tokenize``) is imported on first
 use of its names, not at start-up.
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
@@ -45,6 +45,10 @@ from ._transform import (
     vaccinate_module,
     vaccinate_source,
 )
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "CONTINUE_CODE",

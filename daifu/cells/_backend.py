@@ -8,11 +8,15 @@ layout lives behind this interface; the rest of daifu (the driver in
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Protocol
 
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from ._cell import Cell, CodeInfo, Guard
     from ._source import ModuleSource
+else:
+    Protocol = object  # (nothing checks a backend against it at run time)
 
 
 class Backend(Protocol):

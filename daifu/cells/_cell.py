@@ -22,9 +22,12 @@ import functools
 import itertools
 import os
 import types
-from typing import Any
 
 from .._record import field, record
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: what a crash barrier answers; the stub the rewrite appends to every cell
 #: dispatches on it.  Besides these codes, an answer can be a 2-tuple

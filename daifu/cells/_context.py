@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator, MutableMapping
-from typing import Any
 
 from ._dispatch import backend
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 _CO_OPTIMIZED = 0x1
 
@@ -35,7 +38,7 @@ def read_locals(frame: types.FrameType) -> dict[str, Any]:
     return back.read_locals(frame)
 
 
-class FrameContext(MutableMapping[str, Any]):
+class FrameContext(MutableMapping[str, "Any"]):
     """Live mapping of a suspended frame's variables (reads are always fresh)."""
 
     __slots__ = ("_frame", "_module", "_names")

@@ -9,7 +9,6 @@ original code.
 from __future__ import annotations
 
 import sys
-from typing import cast
 
 from . import _versions
 from ._backend import Backend
@@ -23,7 +22,7 @@ def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str
     if ver == sys.version_info[:2] and _versions.running() is not None:
         from . import _rewrite
 
-        return cast(Backend, _rewrite), None  # (its rewrite: module __getattr__)
+        return _rewrite, None  # type: ignore[return-value]  # (module __getattr__)
     known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED)
     return None, (
         f"daifu does not know the bytecode of Python {ver[0]}.{ver[1]} (supported: {known}); "

@@ -34,9 +34,12 @@ import threading
 import types
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
 
 from .._errors import NotVaccinatedWarning
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     import ast

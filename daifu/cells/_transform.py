@@ -15,7 +15,6 @@ import types
 import warnings
 from collections.abc import Callable
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
 from .._record import field, record, replace
@@ -24,6 +23,8 @@ from . import _lazy, _registry
 from ._backend import Backend
 from ._cell import CodeInfo, is_vaccinated
 from ._dispatch import backend
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 
 if TYPE_CHECKING:
     import ast

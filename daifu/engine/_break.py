@@ -37,7 +37,10 @@ import sys
 import threading
 import time
 import types
-from typing import Any
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: the signal ``send PID break`` sends (``_rundir.STACKS_SIGNAL`` is +5)
 BREAK_SIGNAL = getattr(signal, "SIGRTMIN", 34) + 6

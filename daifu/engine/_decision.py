@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 import types
-from typing import Any
 
 from .._record import record
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Decision(enum.Enum):

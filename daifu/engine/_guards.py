@@ -33,7 +33,6 @@ import threading
 import types
 from collections.abc import Container
 from functools import lru_cache
-from typing import Any
 
 from ..cells import (
     Cell,
@@ -49,6 +48,10 @@ from ..cells import (
     original_code,
     read_locals,
 )
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 _UNKNOWN = object()
 # (inspect's code flags; inspect itself is imported where it is used: it costs

@@ -18,7 +18,6 @@ import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
 
 from .. import _record
 from .. import cells as _registry  # (the loaded-files registry: get, files, record)
@@ -28,6 +27,10 @@ from ._crash import exception_text
 from ._decision import Decision
 from ._events import Event, distributed, emit, event, placeholders, rank_unknown_yet
 from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     from ._crash import Crash

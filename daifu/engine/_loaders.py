@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import os
 import types
-from typing import Any
 
 from .._errors import PatchError
 from .._record import record
 from ..cells import read_locals
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 _DATALOADER = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
 #: generator functions known to yield their iterable's items unchanged:

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import ClassVar
 
 from .._record import field, record
 from ._events import Event, event
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 #: identical handlings at one site written in full before counting starts
 SHOWN = 3

@@ -16,12 +16,18 @@ import threading
 import warnings
 from importlib.machinery import ModuleSpec, SourceFileLoader
 from types import CodeType
-from typing import Any, cast
 
 from .._errors import NotVaccinatedWarning, TransformError
 from ..cells import Selection, options, vaccinate_loaded, vaccinate_source
 from ..engine._events import ModuleVaccinated, emit
 from ._patterns import ModuleMatcher
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any, cast
+else:
+    def cast(_type, value):  # (typing.cast)
+        return value
 
 
 class _ThenPatch:
@@ -77,7 +83,7 @@ class DaifuFinder:
         patch = self.on_import.pop(fullname)
         spec = self._regular_spec(fullname, path, target)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = cast(Any, _ThenPatch(spec.loader, patch))
+            spec.loader = cast("Any", _ThenPatch(spec.loader, patch))
         return spec
 
     def _regular_spec(self, fullname, path, target) -> ModuleSpec | None:

@@ -20,7 +20,6 @@ import sys
 import threading
 import types
 import warnings
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
@@ -30,6 +29,10 @@ from . import _logging
 from ._config import Config, parse_wait
 from ._finder import compile_vaccinated
 from ._install import install
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 if TYPE_CHECKING:
     import argparse

@@ -35,9 +35,12 @@ all come from the code cache never imports it.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from .._versions import running
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
 
 _running = running()
 assert _running is not None, "daifu.cells._dispatch imports this only on a supported version"
