@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import linecache
+import re
 import textwrap
 from pathlib import Path
 
 from daifu.cells import Selection, vaccinate_source
 
 _counter = itertools.count()
+
+
+class Raised:
+    """What ``crashes`` caught (``value``, ``type``), as pytest's ExceptionInfo."""
+
+    value: BaseException
+    type: type
+
+
+@contextlib.contextmanager
+def crashes(expected, match: str | None = None):
+    """``pytest.raises`` for an exception daifu must take as a crash.
+
+    daifu counts ``pytest.raises`` in a caller as the program handling the
+    exception (a test that expects it is not crashing), so a test of what
+    daifu does with an exception nobody handles -- rules, give-ups, the
+    console -- expects it through this instead: a catch-all in a frame that is
+    not vaccinated, which daifu does not count as handling."""
+    info = Raised()
+    try:
+        yield info
+    except BaseException as exc:
+        if not isinstance(exc, expected):
+            raise
+        if match is not None and not re.search(match, str(exc)):
+            raise AssertionError(f"{match!r} does not match {str(exc)!r}") from exc
+        info.value, info.type = exc, type(exc)
+    else:
+        raise AssertionError(f"DID NOT RAISE {expected}")
 
 
 def read_events(path: Path) -> list[dict]:

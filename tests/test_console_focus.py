@@ -16,7 +16,7 @@ from daifu.engine._console import Console, _loop, run_line
 from daifu.engine._events import capture
 from daifu.engine._report import build
 
-from .support import vaccinate
+from .support import crashes, vaccinate
 
 PROGRAM = '''
 def load(path, attempts):
@@ -167,7 +167,7 @@ def train(xs):
         reports.append(build(crash))
         return daifu.ABORT
 
-    with pytest.raises(ValueError):
+    with crashes(ValueError):
         ns["train"]([1])
     assert reports[0].done_before == ["call: f(x)"]  # g(f(x)) raised: it did not do its work
 
@@ -188,7 +188,7 @@ def train():
         statements.append(crash.statement)
         return daifu.ABORT
 
-    with pytest.raises(OSError):
+    with crashes(OSError):
         ns["train"]()
     assert statements == ["for x in data():"]
 
@@ -365,7 +365,7 @@ def test_abort_gives_up_the_crash_wherever_the_focus_is(program):
         answers.extend(_session(crash, ["up", "abort"]))
         return None
 
-    with capture() as events, pytest.raises(KeyError):
+    with capture() as events, crashes(KeyError):
         program["train"](["c.txt"])
     (_, up_ok, _, _), (_, abort_ok, text, decision) = answers
     assert up_ok and abort_ok and decision is daifu.ABORT, text

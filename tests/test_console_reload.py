@@ -19,7 +19,7 @@ from daifu.engine._events import capture as capture_logs
 from daifu.engine._journal import Journal, Replay
 from daifu.engine._report import build, summarize
 
-from .support import read_events
+from .support import crashes, read_events
 
 
 def test_summaries_are_compact():
@@ -85,7 +85,7 @@ def test_report_names_effects_done_before_the_failure(module):
         reports.append(build(crash))
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         mod.work([0], [])
     report = reports[0]
     assert report.statement == "log.append(x); y = 10 // x" or report.statement == "y = 10 // x"
@@ -135,7 +135,7 @@ def test_reload_changes_functions_everywhere_and_reports(module):
     # a crash anywhere triggers the rule; the reload applies to the whole file.
     # work() itself did not change: retried in old code, it fails again; a
     # second reload changes nothing, so it is rejected and the next rule runs
-    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
+    with capture_logs() as logs, crashes(ZeroDivisionError):
         mod.work([0], [])
     assert bound(2) == 6 and net.scale(1) == 3
     assert mod.helper() == "new"
@@ -162,7 +162,7 @@ def test_reload_syntax_error_changes_nothing(module):
             errors.append(str(err))
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         mod.work([0], [])
     assert errors and "nothing was changed" in errors[0]
     assert mod.Net().scale(1) == 2
@@ -226,7 +226,7 @@ def test_journal_records_and_replay_matches_by_statement(tmp_path, module):
     ENGINE.replay = Replay(str(path))
     assert mod.work([0], []) == [0]  # replayed: no rule registered now
     ENGINE.reset()
-    with pytest.raises(ZeroDivisionError):  # the journal entry was used up
+    with crashes(ZeroDivisionError):  # the journal entry was used up
         mod.work([0], [])
 
 
@@ -273,7 +273,7 @@ def test_reload_picks_up_an_edited_module_daifu_did_not_vaccinate(tmp_path, modu
         def reload_now(crash):
             return daifu.RELOAD
 
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             mod.work([0], [])  # the reload happens; work() itself did not change
         assert reload_helper.factor() == 3
     finally:
@@ -343,7 +343,7 @@ def test_an_edited_caller_that_cannot_continue_is_refused_and_changes_nothing(ca
             said.append((c.ok, out))
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         mod.train([(6, 0)], [])
     ok, out = said[-1]
     assert not ok and "train() in caller frame 1 cannot continue in its new code" in out
@@ -451,7 +451,7 @@ def test_a_refused_reload_keeps_the_edit_for_the_next_one_and_the_listing_shows_
             said.append((line, c.ok, out))
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         mod.accumulate([(6, 0)], [])  # called from here: no vaccinated caller to call it again
     (_, ok1, out1), (_, ok2, out2), (_, ok3, listing) = said
     assert not ok1 and "changed from For to While" in out1 and "nothing was changed" in out1

@@ -16,7 +16,7 @@ import daifu
 from daifu.engine import _distributed
 from daifu.engine._events import capture as capture_logs
 
-from .support import vaccinate
+from .support import crashes, vaccinate
 
 SOURCE = '''
 LOG = []
@@ -92,7 +92,7 @@ def test_continue_past_a_collective_and_retry_of_a_call_that_ran_one_are_refused
         crash.globals["TABLE"][2] = 1
         return daifu.RETRY
 
-    with capture_logs() as logs, pytest.raises(KeyError):
+    with capture_logs() as logs, crashes(KeyError):
         ns["train"]()
     reasons = _rejected(logs)
     assert len(reasons) == 2, reasons
@@ -151,7 +151,7 @@ def test_skip_of_a_statement_whose_collective_is_still_to_come_is_refused(rank_o
         calls.append(crash.statement)
         return daifu.SKIP
 
-    with capture_logs() as logs, pytest.raises(KeyError):
+    with capture_logs() as logs, crashes(KeyError):
         ns["train_lookup_first"]()
     assert calls == ["scale = reduced_after(step)"]
     reason = _rejected(logs)[0]
@@ -166,7 +166,7 @@ def test_a_refused_retry_names_the_skip_that_is_safe(rank_one):
     def redo(crash):
         return daifu.RETRY
 
-    with capture_logs() as logs, pytest.raises(KeyError):
+    with capture_logs() as logs, crashes(KeyError):
         ns["train"]()
     reason = _rejected(logs)[0]
     assert "already ran all_reduce" in reason and "skip is safe on this rank alone" in reason
@@ -181,7 +181,7 @@ def test_without_the_flight_recorder_rank_local_decisions_are_refused(rank_one, 
         crash.globals["TABLE"][2] = 1
         return daifu.RETRY
 
-    with capture_logs() as logs, pytest.raises(KeyError):
+    with capture_logs() as logs, crashes(KeyError):
         ns["train_lookup_after"]()
     assert "flight recorder is off (TORCH_FR_BUFFER_SIZE=0)" in _rejected(logs)[0]
 

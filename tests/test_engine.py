@@ -11,7 +11,7 @@ import daifu
 from daifu.engine import ENGINE
 from daifu.engine._events import capture as capture_logs
 
-from .support import vaccinate
+from .support import crashes, vaccinate
 
 SOURCE = '''
 import contextlib
@@ -96,7 +96,7 @@ def test_rule_type_filter(m):
     def never(crash):
         raise AssertionError("not for ZeroDivisionError")
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         m["divide_all"]([0])
 
 
@@ -120,7 +120,7 @@ def test_rule_where_filters(m, where, fires):
         assert m["divide_all"]([0]) == [20]
         assert fired == [7]
     else:
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             m["divide_all"]([0])
         assert fired == []
 
@@ -153,7 +153,7 @@ def test_a_fix_that_raises_leaves_state_intact_and_gives_up_cleanly(m):
         crash.vars["out"].append("partial")  # a mutation before failing
         raise ValueError("oops")
 
-    with capture_logs() as logs, pytest.raises(ZeroDivisionError) as info:
+    with capture_logs() as logs, crashes(ZeroDivisionError) as info:
         m["divide_all"](xs)
     assert info.value.__context__ is None  # the original exception, not chained to the fix
     events = [e["event"] for e in logs]
@@ -167,7 +167,7 @@ def test_bad_return_value_is_rejected(m):
         def confused(crash):
             return "retry"
 
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             m["divide_all"]([0])
     rejected = [e for e in logs if e["event"] == "patch.rejected"]
     assert rejected and "not 'retry'" in rejected[0]["reason"]
@@ -195,7 +195,7 @@ def test_events_for_a_recovered_crash(m):
 
 def test_events_for_a_crash_nobody_fixes(m):
     with capture_logs() as logs:
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             m["divide_all"]([0])
     assert [e["event"] for e in logs] == ["crash.intercepted", "crash.gave_up"]
 
@@ -225,14 +225,14 @@ def test_eval_in_frame(m):
         assert crash.eval("len(out), x") == (0, 0)
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         m["divide_all"]([0])
 
 
 def test_vars_refuses_names_that_are_not_variables(m):
     @daifu.on(ZeroDivisionError)
     def fix(crash):
-        with pytest.raises(KeyError, match="not a variable of divide_all"):
+        with crashes(KeyError, match="not a variable of divide_all"):
             crash.vars["nonexistent"] = 1
         crash.vars["x"] = 1
         return daifu.RETRY
@@ -278,9 +278,9 @@ def test_replace_vaccinates_the_new_code_of_a_vaccinated_function(m, tmp_path, m
 
 def test_replace_errors_are_clear(m):
     inner = m["closure_maker"]()
-    with pytest.raises(daifu.PatchError, match="closes over"):
+    with crashes(daifu.PatchError, match="closes over"):
         daifu.replace(inner, lambda v: v)
-    with pytest.raises(daifu.PatchError, match="must be a Python function"):
+    with crashes(daifu.PatchError, match="must be a Python function"):
         daifu.replace(len, lambda v: v)
 
 
@@ -331,7 +331,7 @@ def test_internal_error_falls_back_to_the_original_exception(m, monkeypatch):
 
     monkeypatch.setattr(ENGINE, "_decide", explode)
     with capture_logs() as logs:
-        with pytest.raises(ZeroDivisionError) as info:
+        with crashes(ZeroDivisionError) as info:
             m["divide_all"]([0])
     frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
     assert frames[-1] == "divide_all"
@@ -342,7 +342,7 @@ def test_internal_error_falls_back_to_the_original_exception(m, monkeypatch):
 @pytest.mark.daifu_errors
 def test_barrier_failure_falls_back_to_the_original_exception(m, monkeypatch):
     monkeypatch.setattr(ENGINE, "on_exception", lambda *a: 1 / 0)
-    with pytest.raises(ZeroDivisionError) as info:
+    with crashes(ZeroDivisionError) as info:
         m["divide_all"]([0])
     assert "60 // x" in "".join(traceback.format_exception(info.value))
 
@@ -399,7 +399,7 @@ def outer(batches):
         seen.append(crash.function)
         return daifu.ABORT
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         ns["outer"]([[1], [0]])
     assert seen == ["inner"]
 
@@ -499,7 +499,7 @@ def test_a_replacement_that_fails_the_same_way_is_given_up_after_max_attempts():
 
     fix.n = 0
     ENGINE.max_attempts = 2
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         ns["train"]([(6, 0)])
     assert fix.n == ENGINE.max_attempts + 1
 
@@ -515,7 +515,7 @@ def test_replace_while_running_with_no_vaccinated_caller_refuses_the_retry():
         daifu.replace(crash.globals["scale"], zero)
         return daifu.RETRY
 
-    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
+    with capture_logs() as logs, crashes(ZeroDivisionError):
         ns["train"]([(6, 0)])
     rejected = [e for e in logs if e["event"] == "patch.rejected"]
     assert "none of its callers is vaccinated" in rejected[0]["reason"]
@@ -539,13 +539,13 @@ def f(xs):
         return daifu.ABORT
 
     fix.seen = None
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         ns["f"]([0])
     assert fix.seen == "total = sum(\n        10 // x\n        for x in xs)"
 
 
 def test_a_crash_nobody_is_asked_about_says_how_to_make_it_wait(m):
-    with capture_logs() as logs, pytest.raises(ZeroDivisionError):
+    with capture_logs() as logs, crashes(ZeroDivisionError):
         m["divide_all"]([0])
     reason = next(e["reason"] for e in logs if e["event"] == "crash.gave_up")
     assert reason.startswith("no fix available")

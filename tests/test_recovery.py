@@ -7,7 +7,7 @@ import pytest
 import daifu
 from daifu.engine import ENGINE
 
-from .support import vaccinate
+from .support import crashes, vaccinate
 
 
 def retry_setting(**values):
@@ -261,7 +261,7 @@ def test_retry_on_dead_generator_is_refused(m):
 
     # the generator is not vaccinated here: the crash reaches the consumer's header
     ns = vaccinate(SOURCE, entries=("consume_dead_generator",))
-    with pytest.raises(ValueError, match="bad sample"):
+    with crashes(ValueError, match="bad sample"):
         ns["consume_dead_generator"]()
     assert seen == [("loop-header", False)]
 
@@ -316,7 +316,7 @@ def test_attempt_cap_gives_up_with_original_exception(m):
 
     ENGINE.max_attempts = 3
     try:
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             m["top_level"]([0])
     finally:
         ENGINE.max_attempts = 5
@@ -350,7 +350,7 @@ def test_attempt_cap_holds_when_the_failing_statement_is_a_return(lazy):
 
     ENGINE.max_attempts = 3
     try:
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             ns["train"]([1, 0])
     finally:
         ENGINE.max_attempts = 5
@@ -441,7 +441,7 @@ def test_continue_refused_across_with_block():
         reasons.append(crash.continue_reason)
         return daifu.CONTINUE
 
-    with pytest.raises(ZeroDivisionError):
+    with crashes(ZeroDivisionError):
         m["guarded"]([0], [])
     assert reasons and "with" in reasons[0]
 

@@ -17,7 +17,7 @@ from daifu import cells as _registry
 from daifu.engine import ENGINE
 from daifu.engine._events import capture
 
-from .support import run_daifu, vaccinate
+from .support import crashes, run_daifu, vaccinate
 
 # -- reload ------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ def test_reload_that_changes_nothing_is_rejected_and_does_not_burn_retries(reloa
     with capture() as events:
         # the reload is rejected (nothing was edited): no retry runs in the
         # unchanged code, and the crash gives up at its first attempt
-        with pytest.raises(ZeroDivisionError):
+        with crashes(ZeroDivisionError):
             mod.train([0])
     rejected = [e for e in events if e["event"] == "patch.rejected"]
     assert len(rejected) == 1 and "nothing was changed" in rejected[0]["reason"]
@@ -291,7 +291,7 @@ def test_more_than_32_give_ups_in_flight_are_all_remembered():
                 pass
 
     depth = 40
-    with pytest.raises(KeyError):
+    with crashes(KeyError):
         ns["outer"](depth, hook)
     assert asked == ["fail"] * (depth + 1)
 
@@ -422,7 +422,7 @@ def test_except_a_virtual_abc_runs_no_user_code_and_matches_like_cpython():
 
     assert ns["run"](Virtual, 0) == 1
     assert calls == []
-    with pytest.raises(ZeroDivisionError):  # what CPython does without daifu
+    with crashes(ZeroDivisionError):  # what CPython does without daifu
         _plain_run(Virtual)
 
 
@@ -643,6 +643,28 @@ LIBRARY_HANDLES = {
 
         result = unittest.main(argv=["t"], exit=False).result
         print("ran", result.testsRun, "failed", len(result.failures) + len(result.errors))
+    ''',
+    # pytest.raises in a test (not vaccinated) around a call into vaccinated
+    # code: a test that expects the exception is not crashing
+    "pytest_raises": '''
+        import contextlib, io, pathlib, pytest
+
+        def divide(x):  # (vaccinated: the script's own function)
+            y = 1 // x
+            return y
+
+        pathlib.Path("test_div.py").write_text(
+            "import pytest\\n"
+            "from __main__ import divide\\n"
+            "def test_plain():\\n"
+            "    with pytest.raises(ZeroDivisionError):\\n"
+            "        divide(0)\\n"
+            "def test_match_and_tuple():\\n"
+            "    with pytest.raises((KeyError, ZeroDivisionError), match='division'):\\n"
+            "        divide(0)\\n")
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = pytest.main(["-q", "-p", "no:cacheprovider", "test_div.py"])
+        print("exit", int(code), "2 passed" in out.getvalue())
     ''',
     # a library's exception, through a vaccinated helper, caught by the program
     "caught_above_the_helper": '''

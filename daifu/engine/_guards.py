@@ -238,14 +238,13 @@ def _context_verdict(guard: WithGuard, exc: BaseException, ns: _Namespace) -> bo
 
 
 def _raises_factory(fn: Any) -> bool:
-    """unittest's ``assertRaises``/``assertRaisesRegex``: called with the
-    exception class(es) first, they return a context manager that catches
-    exactly those.  (``pytest.raises`` in a caller is not counted yet: daifu's
-    own tests, and the soaks of other projects' suites, rely on rules seeing
-    the crashes their ``pytest.raises`` blocks expect; see limitations.)"""
+    """unittest's ``assertRaises``/``assertRaisesRegex`` and ``pytest.raises``:
+    called with the exception class(es) first, they return a context manager
+    that catches exactly those (a test that expects the exception handles it)."""
     mod, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "")
-    return mod == "unittest.case" and name in ("TestCase.assertRaises",
-                                               "TestCase.assertRaisesRegex")
+    return (mod == "unittest.case" and name in ("TestCase.assertRaises",
+                                                "TestCase.assertRaisesRegex")) or (
+        mod in ("_pytest.raises", "_pytest.python_api") and name == "raises")
 
 
 # -- the decision ---------------------------------------------------------------------

@@ -117,8 +117,10 @@ def _with_guard(slot: int, stmt, item_index: int, code: types.CodeType) -> WithG
     expr = items[item_index].context_expr
     if isinstance(expr, ast.Call):
         func = _ref_from_ast(expr.func, code)
+        # (the positional arguments: the exception classes of ``suppress``,
+        # ``assertRaises``, ``pytest.raises``, whatever keywords follow)
         args = tuple(_ref_from_ast(a, code) for a in expr.args)
-        if any(a is None for a in args) or expr.keywords:
+        if any(a is None for a in args):
             args = ()
         return WithGuard(slot=slot, context=func, called=True, args=cast("tuple[Ref, ...]", args))
     return WithGuard(slot=slot, context=_ref_from_ast(expr, code))
