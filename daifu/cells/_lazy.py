@@ -39,10 +39,8 @@ from .._errors import NotVaccinatedWarning
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
-    from typing import Any
-
-if TYPE_CHECKING:
     import ast
+    from typing import Any
 
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 #: generators, coroutines, async generators, iterable coroutines

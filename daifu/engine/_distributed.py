@@ -38,7 +38,6 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-if TYPE_CHECKING:
     from ._crash import Crash
 
 #: how long a rank waits for its peers to take the same job decision (s),

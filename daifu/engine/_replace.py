@@ -12,7 +12,6 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-if TYPE_CHECKING:
     from ._crash import Crash
 
 

@@ -32,10 +32,8 @@ from ._install import install
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
-
-if TYPE_CHECKING:
     import argparse
+    from typing import Any, NoReturn
 
 USAGE = """\
 python -m daifu [options] script.py [args ...]
@@ -193,12 +191,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("-m needs a module name")
         ns = parser.parse_args(options)
     else:
-        ns = types.SimpleNamespace(fixes=[], modules=None, entry=None, max_attempts=None, log=None,
-                                log_level=None, strict=False, dump=None, wait=None,
-                                notify=None, no_console=False, journal=None, replay=None,
-                                no_cache=False, unprotected=False, no_lazy=False,
-                                lazy=False, checkpoint_dir=None, no_checkpoint=False,
-                                grace=None)
+        ns = types.SimpleNamespace(fixes=[], modules=None, entry=None, max_attempts=None,
+                                   log=None, log_level=None, strict=False, dump=None, wait=None,
+                                   notify=None, no_console=False, journal=None, replay=None,
+                                   no_cache=False, unprotected=False, no_lazy=False,
+                                   lazy=False, checkpoint_dir=None, no_checkpoint=False,
+                                   grace=None)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
