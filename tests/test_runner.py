@@ -351,6 +351,44 @@ def test_the_programs_random_numbers_are_its_own_across_the_preload_and_a_crash(
     assert crashed.returncode == 0 and crashed.stdout == plain.stdout, crashed.stderr
 
 
+def test_overlapping_guards_of_the_programs_random_leave_it_as_it_was():
+    # the preload thread's guard and a crash's guard in the main thread can
+    # overlap in any order; two independent swaps left in the wrong order kept
+    # the main thread's wrapper installed for good: the program's random and
+    # the emergency checkpoint's random.getstate() then read a private
+    # generator (a resumed run was not the run that never crashed)
+    import random
+    import threading
+
+    from daifu.engine._events import program_random_untouched
+
+    before = {name: getattr(random, name) for name in ("random", "getstate", "getrandbits")}
+    random.seed(99)
+    expected = random.Random(99).random()
+    entered, leave = threading.Event(), threading.Event()
+    drawn: list[float] = []
+
+    def preload():
+        with program_random_untouched():
+            entered.set()
+            drawn.append(random.random())  # this thread's private generator
+            leave.wait(5)
+
+    with program_random_untouched():  # the main thread's (the crash's) first
+        thread = threading.Thread(target=preload)
+        thread.start()
+        assert entered.wait(5)
+        random.getrandbits(24)  # private to this thread too
+    # the main thread left first; the other is still inside
+    assert random.random() == expected  # the program's own generator
+    leave.set()
+    thread.join(5)
+    assert {name: getattr(random, name) for name in before} == before
+    random.seed(99)
+    assert random.getstate() == random.Random(99).getstate()
+    assert drawn and drawn[0] != expected
+
+
 def test_a_fork_during_the_preload_waits_for_it(tmp_path):
     # a fork while the preload thread holds an import lock would leave the
     # child a lock nobody releases: the child of a DataLoader-style fork
