@@ -67,6 +67,54 @@ PROGRAMS = {
         stats = pstats.Stats(prof).stats
         print(sorted((k[2], v[1]) for k, v in stats.items() if k[2] in ("f", "run")))
     ''',
+    # an exception raised through vaccinated frames and handled by the program:
+    # the barrier runs with the profiler off and puts it back as it was
+    # (3.11's cProfile is a C profiler: sys.setprofile(obj) broke it)
+    "cprofile_handled_exceptions": '''
+        import cProfile
+        import pstats
+        import sys
+
+        def lookup(d, k):
+            return d[k]
+
+        def get(d, k):
+            try:
+                return lookup(d, k)
+            except KeyError:
+                return -1
+
+        def run():
+            return sum(get({1: 1}, i % 3) for i in range(30))
+
+        prof = cProfile.Profile()
+        print(prof.runcall(run))
+        stats = pstats.Stats(prof).stats
+        print(sorted((k[2], v[1]) for k, v in stats.items() if k[0] == __file__))
+        # 3.12+: cProfile is a sys.monitoring tool, which sees every frame
+        # (docs/limitations.md); 3.11's C profiler is suspended around daifu
+        print([k for k in stats if "daifu" in k[0]] if sys.version_info < (3, 12) else [])
+    ''',
+    "setprofile_handled_exceptions": '''
+        import sys
+
+        def lookup(d, k):
+            return d[k]
+
+        def get(d, k):
+            try:
+                return lookup(d, k)
+            except KeyError:
+                return -1
+
+        seen = []
+        sys.setprofile(lambda frame, event, arg: seen.append((event, frame.f_code.co_name))
+                       if event in ("call", "return") else None)
+        get({}, 1)
+        get({}, 2)
+        sys.setprofile(None)
+        print(seen)
+    ''',
     "setprofile_events": '''
         import sys
 

@@ -183,30 +183,37 @@ def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
             _instr("BINARY_SUBSCR", loc=loc), _attr(fn.__name__, loc)]
 
 
+def _invisible(name: str) -> list[Instr]:
+    """``sys`` -> ``sys.<name>.__call__``: calling it emits no profile event."""
+    return [_attr(name, _NOWHERE), _attr("__call__", _NOWHERE)]
+
+
 def _suspend_tracing() -> list:
     """``[sys]`` -> ``[sys, profile, trace]``: push ``sys.getprofile()`` and
     ``sys.gettrace()`` and switch both off, so that the Python code daifu
     calls next (the engine) produces no call or line events for a debugger,
-    coverage or a profiler.  Builtins only: they create no frames (a
-    profiler sees ``getprofile`` and ``setprofile`` called; nothing else of
-    daifu)."""
+    coverage or a profiler.  Builtins only, called through their ``__call__``
+    (a method-wrapper, for which CPython emits no ``c_call`` event): a
+    profiler sees nothing of daifu.  A plain ``sys.setprofile(None)`` showed
+    a C profiler (3.11's cProfile) a ``c_call`` with no ``c_return``, and its
+    stack of calls in progress went wrong (callers counted twice)."""
     no_profile, no_trace = Label(), Label()
     return [
-        *_sys_callable([_attr("getprofile", _NOWHERE)], 1),
+        *_sys_callable(_invisible("getprofile"), 1),
         *_call(0, _NOWHERE),  # sys, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
-        *_sys_callable([_attr("setprofile", _NOWHERE)], 2),
+        *_sys_callable(_invisible("setprofile"), 2),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
-        *_sys_callable([_attr("gettrace", _NOWHERE)], 2),
+        *_sys_callable(_invisible("gettrace"), 2),
         *_call(0, _NOWHERE),  # sys, profile, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
-        *_sys_callable([_attr("settrace", _NOWHERE)], 3),
+        *_sys_callable(_invisible("settrace"), 3),
         # bytecode's InstrArg has no type for a constant's value
         Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
         *_call(1, _NOWHERE),
@@ -219,7 +226,7 @@ def _restore_tracing() -> list:
     """``[sys, profile, trace, result]`` -> ``[result]``, the tracer and
     profiler set back exactly as they were (after daifu's frame has returned,
     so neither sees its return)."""
-    trace_off, profile_off = Label(), Label()
+    trace_off, profile_off, c_profiler = Label(), Label(), Label()
     return [
         _instr("SWAP", 2, _NOWHERE),  # sys, profile, result, trace
         _instr("COPY", 1, _NOWHERE),
@@ -233,9 +240,23 @@ def _restore_tracing() -> list:
         _instr("SWAP", 2, _NOWHERE),  # sys, result, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, profile_off, _NOWHERE),
+        # a C profiler (3.11's cProfile) is not a callable: sys.getprofile()
+        # gives its object, and sys.setprofile(obj) would install the object
+        # as a Python profile function ("'Profile' object is not callable" at
+        # the next event); ``obj.enable()`` puts it back as it was
+        *_sys_callable([_attr("modules", _NOWHERE), _instr("LOAD_CONST", "builtins", _NOWHERE),
+                        _instr("BINARY_SUBSCR", loc=_NOWHERE), _attr("callable", _NOWHERE)], 3),
+        _instr("COPY", 3, _NOWHERE),
+        *_call(1, _NOWHERE),
+        _instr(POP_JUMP_IF_FALSE, c_profiler, _NOWHERE),
         *_sys_callable([_attr("setprofile", _NOWHERE)], 3),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
+        _instr("POP_TOP", loc=_NOWHERE),
+        _instr("JUMP_FORWARD", profile_off, _NOWHERE),
+        c_profiler,
+        *_sys_callable([_attr("enable", _NOWHERE)], 1),
+        *_call(0, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         profile_off,
         _instr("POP_TOP", loc=_NOWHERE),
