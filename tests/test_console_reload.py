@@ -457,3 +457,42 @@ def test_a_refused_reload_keeps_the_edit_for_the_next_one_and_the_listing_shows_
     assert not ok1 and "changed from For to While" in out1 and "nothing was changed" in out1
     assert (ok2, out2) == (ok1, out1)  # the same edit is still there to reload
     assert ok3 and "for a, b in items:" in listing and "while" not in listing
+
+
+DEFINES = '''
+def step(closure):
+    return closure() * 2
+
+def fit(batches, log):
+    for scale in batches:
+        def closure():
+            total = 0
+            for v in (1, 2):
+                total += v / scale       # the bug: scale can be 0
+            return total
+        log.append(step(closure))
+    return log
+'''
+
+
+def test_a_def_in_a_running_loop_makes_the_new_function_after_a_reload(tmp_path, monkeypatch):
+    """An LBFGS-style closure: fit()'s loop defines the function that fails.
+    After the edit and reload, the crashed call continues in the new code,
+    fit() keeps running its own code, and its next ``def closure`` makes the
+    *new* function: the fix holds at every later step, with one crash."""
+    with installed(tmp_path, monkeypatch, "reload_defines", DEFINES) as (mod, path):
+        said = []
+
+        @daifu.on(ZeroDivisionError)
+        def console(crash):
+            path.write_text(DEFINES.replace("v / scale       # the bug: scale can be 0",
+                                            "v / (scale or 1)"))
+            c, out = run_line(crash, ENGINE.door(crash), "reload", "test")
+            said.append(out)
+            assert c.ok, out
+            return None
+
+        assert mod.fit([1, 0, 0, 3], []) == [6.0, 6.0, 6.0, 2.0]
+        assert len(said) == 1, said  # the later steps ran the corrected closure
+        assert "fit() in caller frame 2 keeps its own code: the def at line 7 makes the new " \
+               "function from now on" in said[0]

@@ -90,6 +90,7 @@ __all__ = [
     "read_locals",
     "record",
     "rewrite_continuation",
+    "set_const",
     "source_for_file",
     "target_files",
     "use_barrier",
@@ -99,17 +100,23 @@ __all__ = [
     "vaccinate_source",
 ]
 
-_SOURCE = frozenset({"ModuleSource", "contains", "entry_role", "map_statement",
-                     "source_for_file"})
+#: names imported on first use, by module (``ast``, ``tokenize``, ``ctypes``
+#: are not for start-up)
+_LAZY = {"ModuleSource": "_source", "contains": "_source", "entry_role": "_source",
+         "map_statement": "_source", "source_for_file": "_source", "set_const": "_consts"}
 if TYPE_CHECKING:
+    from ._consts import set_const
     from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _SOURCE:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import _source
+    import importlib
 
-    for lazy in _SOURCE:
-        globals()[lazy] = getattr(_source, lazy)
+    module = importlib.import_module(f"{__name__}.{where}")
+    for lazy, home in _LAZY.items():
+        if home == where:
+            globals()[lazy] = getattr(module, lazy)
     return globals()[name]

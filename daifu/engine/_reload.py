@@ -35,12 +35,14 @@ from ..cells import (
     CodeInfo,
     ModuleSource,
     backend,
+    cells_of,
     code_pairs,
     entry_role,
     map_statement,
     original_code,
     read_locals,
     rewrite_continuation,
+    set_const,
     vaccinate_module,
 )
 
@@ -229,7 +231,9 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         else:
             result.running.detail = f"running: continues in the new code at line {line}"
             result.continuation = (fn_, args)
-    if not installs and not added and result.running is None and result.caller is None:
+    definitions = _running_definitions(crash, files, result) if crash is not None else []
+    if not (installs or added or definitions) and result.running is None \
+            and result.caller is None:
         # nothing to apply: a reload that changes nothing must not resume the
         # crash (a retry would fail the same way and burn the attempts)
         detail = "; ".join(str(c) for c in result.changes)
@@ -241,6 +245,10 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     # everything checked: apply
     for fn, code in installs:
         fn.__code__ = code
+    for running, index, code, change in definitions:
+        if not set_const(running, index, code):
+            change.detail = change.detail.split(":")[0] + ": keeps making the old function " \
+                "(its code object could not be changed in place)"
     for change, install in added:
         install()
         result.changes.append(change)
@@ -389,6 +397,49 @@ def _added_functions(files: dict[str, _File], known: set[str]):
     return out
 
 
+def _running_definitions(crash: Crash, files: dict[str, _File], result: ReloadResult
+                         ) -> list[tuple[types.CodeType, int, types.CodeType, Change]]:
+    """The ``def`` statements of code that keeps running on the crashed stack
+    -- module-level code, callers that do not continue in their new code, a
+    crashed frame that is retried in its old code -- whose functions changed:
+    ``(running code, constant index, new code, change)`` for each.  Pointing
+    those constants at the new code (``cells.set_const``) makes a ``def`` in
+    a running loop make the new function from its next iteration on."""
+    out = []
+    seen: set[int] = set()
+    continuing = {0} if result.continuation is not None else set()
+    if result.caller is not None:
+        continuing.add(result.caller.level)
+    for level, frame in enumerate(crash.frames()):
+        code = frame.f_code
+        f = files.get(code.co_filename)
+        if f is None or level in continuing or id(code) in seen or cells_of(code) is None:
+            continue
+        seen.add(id(code))
+        for index, const in enumerate(code.co_consts):
+            if not isinstance(const, types.CodeType) or const.co_name in _SKIP_NAMES:
+                continue
+            old_plain = original_code(const)
+            found = f.find(const.co_qualname, old_plain.co_firstlineno)
+            status = _compare(old_plain, found[0]) if isinstance(found, tuple) else "same"
+            if status == "same":
+                continue
+            assert isinstance(found, tuple)
+            where = "the crashed frame" if level == 0 else f"caller frame {level}"
+            runs = "module code" if code.co_name == "<module>" else f"{code.co_qualname}()"
+            if const.co_freevars != found[1].co_freevars:
+                result.changes.append(Change(const.co_qualname, f.filename, "error", (
+                    f"{runs} in {where} keeps making the old function: its closure "
+                    "variables changed")))
+                continue
+            change = Change(const.co_qualname, f.filename, status, (
+                f"{runs} in {where} keeps its own code: the def at line "
+                f"{old_plain.co_firstlineno} makes the new function from now on"))
+            result.changes.append(change)
+            out.append((code, index, found[1], change))
+    return out
+
+
 # -- continuing the running function ---------------------------------------------------
 
 
@@ -427,7 +478,6 @@ def _caller_to_continue(crash: Crash, files: dict[str, _File], changed: dict[int
 def _why_not_continued(frame: types.FrameType, f: _File) -> int | str:
     """The line where a caller's failing statement -- the call -- is in the
     new source, or why that caller cannot continue in its new code."""
-    from ..cells import cells_of
     from ._guards import cell_range
 
     info = cells_of(frame.f_code)
