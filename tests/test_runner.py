@@ -23,7 +23,10 @@ def python(args, cwd, **kw):
 
 
 MAIN_FACTS = textwrap.dedent('''
+    globals_at_start = list(globals())
     import json, os, pickle, sys
+
+    x: int = 3
 
     class Point:
         def __init__(self, x):
@@ -39,6 +42,9 @@ MAIN_FACTS = textwrap.dedent('''
         "main_is_module": sys.modules["__main__"].__dict__ is globals(),
         "pickled": pickle.loads(pickle.dumps(Point(3))).x,
         "doc": __doc__,
+        "globals_at_start": globals_at_start,
+        "annotations": {k: v.__name__ for k, v in sys.modules["__main__"].__annotations__.items()},
+        "cached": __cached__,
     }
     print(json.dumps(facts))
 ''')
@@ -53,6 +59,25 @@ def test_script_is_the_real_main(tmp_path):
     assert got == expected
     assert got["argv"] == ["sub/facts.py", "a", "--b"]
     assert got["path0"] == str(tmp_path / "sub")
+    # __annotations__ is there from the start (where python puts it) and gets x: int = 3
+    assert got["globals_at_start"] == ["__name__", "__doc__", "__package__", "__loader__",
+                                       "__spec__", "__annotations__", "__builtins__", "__file__",
+                                       "__cached__"]
+    assert got["annotations"] == {"x": "int"}
+    assert got["cached"] is None
+    # the -m form: runpy's __main__, __cached__ the spec's
+    expected = json.loads(python(["-m", "sub.facts", "a"], cwd=tmp_path).stdout)
+    got = json.loads(daifu(["-m", "sub.facts", "a"], cwd=tmp_path).stdout)
+    assert got == expected
+    assert got["globals_at_start"][5:7] == ["__annotations__", "__builtins__"]
+    assert got["annotations"] == {"x": "int"}
+    assert got["cached"].endswith(".pyc")
+    # a script without annotations has an empty __annotations__ too (python's, not the compiler's)
+    (tmp_path / "sub" / "plain.py").write_text(
+        "import __main__\nprint(repr(getattr(__main__, '__annotations__', 'missing')))\n")
+    for args in (["sub/plain.py"], ["-m", "sub.plain"]):
+        assert python(args, cwd=tmp_path).stdout == "{}\n"
+        assert daifu(args, cwd=tmp_path).stdout == "{}\n", args
 
 
 def test_dash_m_module_and_package(tmp_path):

@@ -363,10 +363,14 @@ def load_fixes(paths, fatal: bool = False) -> None:
 
 
 def _new_main(file: str | None, spec, loader) -> types.ModuleType:
+    """``__main__`` as ``python script.py`` and ``python -m mod`` (runpy) leave it: the
+    same names in the same order, ``__annotations__`` an empty dict even in a script
+    without annotations, ``__cached__`` the spec's for ``-m``."""
     main = types.ModuleType("__main__")
     main.__dict__.update(
-        __file__=file, __builtins__=builtins, __spec__=spec, __loader__=loader,
-        __package__=spec.parent if spec is not None else None, __cached__=None,
+        __package__=spec.parent if spec is not None else None, __loader__=loader,
+        __spec__=spec, __annotations__={}, __builtins__=builtins, __file__=file,
+        __cached__=spec.cached if spec is not None else None,
     )
     if file is None:
         del main.__file__
