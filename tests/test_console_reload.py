@@ -496,3 +496,43 @@ def test_a_def_in_a_running_loop_makes_the_new_function_after_a_reload(tmp_path,
         assert len(said) == 1, said  # the later steps ran the corrected closure
         assert "fit() in caller frame 2 keeps its own code: the def at line 7 makes the new " \
                "function from now on" in said[0]
+
+
+PIPELINE = '''
+def batches(n):
+    for i in range(n):
+        yield 12 // (i - 2)      # fails at i == 2
+
+def total(n, log):
+    for b in batches(n):
+        log.append(100 // (b + 6))
+    return log
+'''
+
+
+def test_code_still_running_after_a_reload_is_shown_with_its_own_text(tmp_path, monkeypatch):
+    """A generator suspended during a reload goes on in its old code; when it
+    crashes later, the report and ``l`` show the text it runs, not the edit."""
+    fixed = PIPELINE.replace("yield 12 // (i - 2)      # fails at i == 2",
+                             "yield 12 // (i - 2 or 1)  # fixed") \
+                    .replace("100 // (b + 6)", "100 // (b + 6 or 1)")
+    with installed(tmp_path, monkeypatch, "reload_pipeline", PIPELINE) as (mod, path):
+        seen = []
+
+        @daifu.on(ZeroDivisionError)
+        def console(crash):
+            if crash.function == "total":
+                path.write_text(fixed)
+                return daifu.RELOAD
+            c, listing = run_line(crash, ENGINE.door(crash), "l .", "test")
+            seen.append((build(crash).source, listing))
+            return daifu.ABORT
+
+        with crashes(ZeroDivisionError):
+            mod.total(4, [])
+        [(source, listing)] = seen
+        assert [text for _, text, failing in source if failing] == [
+            "        yield 12 // (i - 2)      # fails at i == 2"]
+        assert "->         yield 12 // (i - 2)      # fails at i == 2" in listing
+        assert "fixed" not in listing
+        assert mod.total(3, []) == [100, -17, 5]  # later calls run the new code

@@ -139,6 +139,9 @@ class CodeInfo:
     #: what the rewritten code's cell constants name it by (``resolve``):
     #: unique in this process, and kept when the code cache stores it
     key: str = ""
+    #: the text of the source this code was made from, once a reload made
+    #: another text the file's running source (None: the registry's text)
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -166,6 +169,11 @@ CELL_MARK = "daifu.cell"
 _INFOS: dict[str, CodeInfo] = {}
 _TOKEN = os.urandom(4).hex()
 _SERIAL = itertools.count()
+
+
+def code_infos() -> list[CodeInfo]:
+    """Every vaccinated code object's info this process knows (a snapshot)."""
+    return list(_INFOS.values())
 
 
 def is_cell_ref(value: Any) -> bool:

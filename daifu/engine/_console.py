@@ -169,7 +169,7 @@ class Console(cmd.Cmd):
     def _show_focus(self) -> None:
         frame = self.frame
         lineno = self._frame_line(frame)
-        text = running_line(frame.f_code.co_filename, lineno).strip()
+        text = running_line(frame.f_code.co_filename, lineno, frame.f_code).strip()
         self.say(f"> frame {self.level}: {shown_where(frame.f_code.co_filename, lineno)} in "
                  f"{frame.f_code.co_qualname}()")
         if text:
@@ -254,7 +254,7 @@ class Console(cmd.Cmd):
             crashed = "  <- crashed here" if n == 0 else ""
             self.say(f"{mark} {n:2d} {shown_where(frame.f_code.co_filename, lineno)} in "
                      f"{frame.f_code.co_qualname}(){crashed}")
-            text = running_line(frame.f_code.co_filename, lineno).strip()
+            text = running_line(frame.f_code.co_filename, lineno, frame.f_code).strip()
             if text:
                 self.say(f"        {text}")
         return False
@@ -295,7 +295,7 @@ class Console(cmd.Cmd):
         """ll: the whole source of the focused frame's function"""
         frame = self.frame
         code = frame.f_code
-        lines = running_lines(code.co_filename)
+        lines = running_lines(code.co_filename, code)
         first = code.co_firstlineno
         if code.co_name == "<module>":
             last = len(lines)
@@ -313,7 +313,7 @@ class Console(cmd.Cmd):
     def _list(self, frame, first: int, last: int, current: int) -> None:
         filename = frame.f_code.co_filename
         for n in range(first, last + 1):
-            text = running_line(filename, n)
+            text = running_line(filename, n, frame.f_code)
             if not text:
                 break
             marker = "->" if n == current else "  "
@@ -781,6 +781,8 @@ def _looks_like_code(command: str, arg: str) -> bool:
     if command in ("checkpoint", "all"):  # a path / a command (`all !x = 1`); `all = 3` assigns
         return (arg.startswith("=") and not arg.startswith("==")) or \
             (len(arg) > 1 and arg[0] in "+-*%|&^@<>" and arg[1] == "=")
+    if command == "l" and arg.strip() == ".":  # pdb's `l .`: around the current line
+        return False
     return arg.startswith(_CODE_STARTS) and command != "exec"
 
 

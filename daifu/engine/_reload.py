@@ -36,6 +36,7 @@ from ..cells import (
     ModuleSource,
     backend,
     cells_of,
+    code_infos,
     code_pairs,
     entry_role,
     map_statement,
@@ -144,6 +145,7 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     When that is a caller of the crashed frame, ``result.caller`` says so:
     the engine passes the exception up to it, and it re-executes its failing
     statement -- the call -- in the new code."""
+    before = code_infos()  # (made from the texts that run now)
     files = _changed_files(sources or {})
     result = ReloadResult()
     for f in files.values():
@@ -252,6 +254,10 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     for change, install in added:
         install()
         result.changes.append(change)
+    for info in before:  # code that goes on running remembers its text (the report shows it)
+        changed_file = files.get(info.filename)
+        if changed_file is not None and changed_file.old is not None and info.source is None:
+            info.source = changed_file.old
     for f in files.values():
         if f.loaded is not None:
             _registry.record(f.filename, f.loaded.module, f.loaded.selection, f.msrc.source, f.msrc)

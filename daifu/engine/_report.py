@@ -97,19 +97,24 @@ def shown_where(filename: str, lineno: int | None) -> str:
     return f"{cell}, line {lineno}" if cell else f"{filename}:{lineno}"
 
 
-def running_lines(filename: str) -> list[str]:
-    """The lines of the source a file's code runs: for a vaccinated file, the
-    text it was loaded (or last reloaded) from -- not an edit saved since,
-    which ``linecache`` would show -- else what ``linecache`` has."""
+def running_lines(filename: str, code: types.CodeType | None = None) -> list[str]:
+    """The lines of the source a file's code runs: the text ``code`` (a
+    frame's) was made from -- code still running after a reload replaced it
+    shows its old text --, else for a vaccinated file the text it was loaded
+    (or last reloaded) from -- not an edit saved since, which ``linecache``
+    would show --, else what ``linecache`` has."""
+    info = _registry.cells_of(code) if code is not None else None
+    if info is not None and info.source is not None:
+        return info.source.splitlines(True)
     loaded = _registry.get(filename)
     if loaded is not None:
         return loaded.source.splitlines(True)
     return linecache.getlines(filename)
 
 
-def running_line(filename: str, lineno: int) -> str:
+def running_line(filename: str, lineno: int, code: types.CodeType | None = None) -> str:
     """Line ``lineno`` (1-based) of ``running_lines``, or ""."""
-    lines = running_lines(filename)
+    lines = running_lines(filename, code)
     return lines[lineno - 1] if 1 <= lineno <= len(lines) else ""
 
 
@@ -119,7 +124,7 @@ def build(crash: Crash, context: int = 3) -> Report:
     end = crash.cell.end_lineno or lineno
     lines = []
     for n in range(max(1, lineno - context), end + context + 1):
-        text = running_line(crash.filename, n).rstrip("\n")
+        text = running_line(crash.filename, n, crash.frame.f_code).rstrip("\n")
         if not text and n > end:
             break
         lines.append((n, text, lineno <= n <= end))
