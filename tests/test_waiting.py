@@ -84,6 +84,57 @@ def test_wait_inf_waits_until_told(tmp_path):
         assert proc.returncode == 0
 
 
+NO_LOOP = '''
+def inner(d):
+    return 10 // d
+
+def outer(d):
+    r = inner(d)
+    return r + 1
+
+d = 0
+result = outer(d)
+print("result", result)
+'''
+
+
+@pytest.mark.slow
+def test_send_exits_2_when_its_decision_is_refused_and_the_job_still_waits(tmp_path):
+    # `up`, `up`, `next` in a module-level statement that is in no loop: the
+    # refusal was printed, but send exited 0 as if the job had resumed
+    script = tmp_path / "noloop.py"
+    script.write_text(NO_LOOP)
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--wait", "60", str(script)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "DAIFU_CONSOLE": "0"})
+    try:
+        _wait_for_socket(proc)
+        up = run_daifu(["send", proc.pid, "up"], cwd=tmp_path)
+        assert up.returncode == 1 and "in outer()" in up.stdout, up
+        up = run_daifu(["send", proc.pid, "up"], cwd=tmp_path)
+        assert up.returncode == 1 and "in <module>()" in up.stdout, up
+        assert "result = outer(d)" in up.stdout
+        refused = run_daifu(["send", proc.pid, "next"], cwd=tmp_path)
+        assert refused.returncode == 2, refused
+        assert "cannot continue in caller frame 2 (<module>): not inside a loop" in refused.stdout
+        refused = run_daifu(["send", proc.pid, "continue"], cwd=tmp_path)  # (only after break)
+        assert refused.returncode == 2, refused
+        time.sleep(0.3)
+        assert proc.poll() is None  # still waiting, the focus still on <module>
+        still = run_daifu(["send", proc.pid, "p d"], cwd=tmp_path)
+        assert still.returncode == 1 and still.stdout.strip() == "0"
+        assert run_daifu(["send", proc.pid, "exec", "d = 5"], cwd=tmp_path).returncode == 1
+        sent = run_daifu(["send", proc.pid, "retry"], cwd=tmp_path)  # outer(d) again
+        assert sent.returncode == 0, sent
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out == "result 3\n"
+
+
 def test_wait_env_inf_and_bad_values(tmp_path):
     script = tmp_path / "nested.py"
     script.write_text(NESTED)
