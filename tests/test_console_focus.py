@@ -428,8 +428,13 @@ def train(loader, seen):
 ''', entries=("epoch", "train"))
     answers = []
 
+    options = []
+
     @daifu.on(RuntimeError)
     def console(crash):
+        from daifu.engine._report import build
+
+        options.extend(build(crash).options)
         answers.extend(_session(crash, ["up", "down", "up", "skip"]))
         return None
 
@@ -438,6 +443,9 @@ def train(loader, seen):
 
     loader = DataLoader(torch.arange(8), batch_size=2, shuffle=True)
     assert len(ns["train"](loader, [])) == 2  # skip in train(): the epoch call is left
+    # the report's options say it before anyone chooses
+    assert [o for o in options if o.startswith("retry in caller train() (up train, retry) -- note: "
+                                               "epoch() iterates loader (a DataLoader)")], options
     up, down, _, _ = answers
     assert "note: retry here re-executes the call: epoch() iterates loader (a DataLoader): " \
            "the retry makes a new iterator of it, which draws a new seed" in up[2]

@@ -772,10 +772,13 @@ class Engine:
             return patch
         from ._replace import rerun_level
 
+        from ._report import redraws
+
         level = rerun_level(crash, replaced)
-        crash.resolution.note = (f"{replaced[1]}() was replaced while it runs: its call is "
-                                 f"re-executed in caller frame {level} "
-                                 f"({crash.frame_at(level).f_code.co_qualname})")
+        crash.resolution.note = "; ".join([
+            f"{replaced[1]}() was replaced while it runs: its call is re-executed in caller "
+            f"frame {level} ({crash.frame_at(level).f_code.co_qualname})",
+            *redraws(crash, level)])
         return replace(patch, frame=level)
 
     @staticmethod

@@ -225,11 +225,14 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
             up = vaccinated_caller(crash, 0) if crash.frame.f_code.co_name != "<module>" else None
             if up is None:
                 raise
+            from ._report import redraws
+
             why = str(exc).removeprefix("reload: ").removesuffix(" (nothing was changed)")
             result.retry_caller = up
-            result.running.detail = (
+            result.running.detail = "; ".join([
                 f"running: {why}; its call is re-executed from caller frame {up} "
-                f"({crash.frame_at(up).f_code.co_qualname}), in the new code")
+                f"({crash.frame_at(up).f_code.co_qualname}), in the new code",
+                *redraws(crash, up)])
         else:
             result.running.detail = f"running: continues in the new code at line {line}"
             result.continuation = (fn_, args)

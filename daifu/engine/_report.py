@@ -195,7 +195,23 @@ def options(crash: Crash) -> list[str]:
     if crash.can_continue:
         out.append("next (drop the failed batch, go on with the next one)" if batch else
                    "next (continue with the loop's next item)")
+    # a retry in a caller (up, then retry; also what replace and reload may
+    # do) re-runs code that draws random numbers: said before the choice
+    up = _vaccinated_caller_level(crash)
+    notes = redraws(crash, up) if up is not None else []
+    if notes:
+        name = crash.frame_at(up).f_code.co_name
+        out.append(f"retry in caller {name}() (up {name}, retry) -- note: {'; '.join(notes)}")
     return out
+
+
+def _vaccinated_caller_level(crash: Crash) -> int | None:
+    from ._replace import vaccinated_caller
+
+    try:
+        return vaccinated_caller(crash, 0)
+    except Exception:
+        return None
 
 
 def redraws(crash: Crash, level: int) -> list[str]:
