@@ -771,7 +771,6 @@ class Engine:
         if patch.decision is not RETRY or replaced is None or patch.frame > replaced[0]:
             return patch
         from ._replace import rerun_level
-
         from ._report import redraws
 
         level = rerun_level(crash, replaced)
