@@ -196,6 +196,58 @@ def test_attach_to_a_running_job_pauses_it_first(tmp_path):
     assert out.strip() == "done 150 True", err
 
 
+CALLER = '''
+import time
+
+def step(i, log, calls):
+    calls.append(i)
+    time.sleep(0.02)          # where the job is when break arrives
+    log.append(i)             # ... so it pauses here, in step()
+
+def main():
+    log, calls = [], []
+    total = 0
+    for i in range(150):
+        step(i, log, calls)
+        total += i
+    print("done", log == list(range(150)), calls == list(range(150)), total)
+
+main()
+'''
+
+
+@pytest.mark.slow
+def test_up_and_down_at_a_pause_reach_the_caller_and_continue_resumes(tmp_path):
+    job = _start(tmp_path, CALLER)
+    try:
+        _wait_registered(tmp_path, job)
+        time.sleep(0.3)
+        paused = _daifu(tmp_path, "send", str(job.pid), "break")
+        assert paused.returncode == 1, paused.stderr
+        assert paused.stdout.startswith("paused at ")
+        assert "in step(): log.append(i)" in paused.stdout
+        here = _daifu(tmp_path, "send", str(job.pid), "p total")
+        assert here.returncode == 2 and "NameError" in here.stdout  # main's, not step's
+        i = _daifu(tmp_path, "send", str(job.pid), "p i").stdout.strip()
+        up = _daifu(tmp_path, "send", str(job.pid), "up")
+        assert up.returncode == 1, up
+        assert "> frame 1: " in up.stdout and "in main()" in up.stdout
+        assert "step(i, log, calls)" in up.stdout
+        caller = _daifu(tmp_path, "send", str(job.pid), "p total, i, len(log)")
+        assert caller.returncode == 1, caller
+        assert caller.stdout.strip() == f"({sum(range(int(i)))}, {i}, {i})"
+        down = _daifu(tmp_path, "send", str(job.pid), "down")
+        assert down.returncode == 1 and "> frame 0: " in down.stdout and "in step()" in down.stdout
+        assert _daifu(tmp_path, "send", str(job.pid), "p total").returncode == 2
+        resumed = _daifu(tmp_path, "send", str(job.pid), "continue")
+        assert resumed.returncode == 0, resumed.stderr
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err
+    assert out == "done True True 11175\n"  # nothing ran twice, nothing was left out
+
+
 RELOADED = '''
 import sys
 from daifu.engine._break import arm
