@@ -6,7 +6,11 @@ same."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+
+import pytest
 
 from .support import read_events, run_daifu
 
@@ -91,3 +95,78 @@ def test_always_list_clear_and_bad_words(tmp_path):
     assert "'always skip' ok=False: always answers the crashed frame's statement" in out
     assert "'always clear' ok=True: forgot 0 standing answers" in out
     assert "'always retry' ok=True: from now on, KeyError at" in out
+
+
+HF_METRICS = textwrap.dedent('''
+    import json, sys, warnings
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+    LABELS = {0: "negative", 1: "positive"}  # the bug: three classes are predicted
+    REPORTED = ["negative", "neutral", "positive"]
+
+    class Sequences(Dataset):
+        def __init__(self, n, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.ids = torch.randint(3, 40, (n, 12), generator=g)
+        def __len__(self):
+            return len(self.ids)
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.ids[i, 0] % 3}
+
+    def compute_metrics(eval_pred):
+        logits, labels = eval_pred
+        names = dict(LABELS)  # made again at every evaluation: it fails at every one
+        correct = dict.fromkeys(REPORTED, 0)
+        for p, y in zip(logits.argmax(-1), labels):
+            correct[names[int(y)]] += int(p == y)
+        return {f"correct_{n}": c for n, c in correct.items()}
+
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(0)
+    training = TrainingArguments(output_dir="hf-out", max_steps=6, per_device_train_batch_size=8,
+                                 per_device_eval_batch_size=16, eval_strategy="steps",
+                                 eval_steps=2, learning_rate=5e-3, save_strategy="no",
+                                 logging_strategy="no", report_to=[], use_cpu=True, seed=0,
+                                 disable_tqdm=True)
+    trainer = Trainer(model=BertForSequenceClassification(config), args=training,
+                      train_dataset=Sequences(48, 1), eval_dataset=Sequences(16, 2),
+                      compute_metrics=compute_metrics)
+    trainer.train()
+    print("metrics", json.dumps([{k: v for k, v in e.items() if k.startswith("eval_correct")}
+                                 for e in trainer.state.log_history if "eval_loss" in e]))
+    print("weights", float(sum(p.double().sum() for p in trainer.model.parameters())))
+''')
+
+
+@pytest.mark.slow
+def test_always_answers_an_hf_compute_metrics_that_fails_at_every_evaluation(tmp_path):
+    pytest.importorskip("transformers", reason="transformers not installed")
+    corrected = HF_METRICS.replace('1: "positive"}', '1: "positive", 2: "neutral"}')
+    (tmp_path / "fixed.py").write_text(corrected)
+    want = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert want.returncode == 0, want.stderr[-3000:]
+    (tmp_path / "train.py").write_text(HF_METRICS)
+    # the human at the first crash: fix this evaluation's label map, answer every later one
+    (tmp_path / "console.py").write_text(FIRST_CRASH_CONSOLE.replace(
+        "exec LABELS[2] = 'other'", "exec names[2] = 'neutral'"))
+    got = run_daifu(["--fixes", "console.py", "--journal", "j.jsonl", "--log-file", "ev.jsonl",
+                     "train.py"], tmp_path)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.count("rule called") == 1  # one answer, three evaluations
+    assert "from now on, KeyError at" in got.stdout
+    assert "(correct[names[int(y)]] += int(p == y)): retry after 1 exec patch" in got.stdout
+    events = read_events(tmp_path / "ev.jsonl")
+    assert [e["action"] for e in events if e["event"] == "crash.resumed"] == ["retry"] * 3
+    assert (tmp_path / "j.jsonl").read_text().count('"type": "always"') == 1
+    # every evaluation's metrics, and the weights, as the corrected program's
+    ours, theirs = ([line for line in out.splitlines() if line.startswith(("metrics", "weights"))]
+                    for out in (got.stdout, want.stdout))
+    assert ours == theirs and len(ours) == 2
+    assert ours[0].count("eval_correct_neutral") == 3
