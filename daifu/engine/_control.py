@@ -211,6 +211,8 @@ class ControlServer:
     def _handle(self, conn: socket.socket, message: dict, origin: str) -> bool:
         """Answer one request; False when the connection is done."""
         op = message.get("op")
+        if origin == f"attach:pid{os.getpid()}" and isinstance(message.get("origin"), str):
+            origin = message["origin"]  # the relay (``_jobstore``): who sent it through the store
         if op == "status":
             _send(conn, {"ok": True, **self.status,
                          "waiting_s": round(time.time() - self.status["since"], 1)})

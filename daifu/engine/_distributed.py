@@ -124,7 +124,11 @@ def extend_collective_timeouts() -> None:
             emit(TimeoutExtended(group=str(kwargs.get("group_desc") or ""),
                                  timeout_s=timeout.total_seconds(),
                                  extended_s=kwargs["timeout"].total_seconds()))
-        return helper(*args, **kwargs)
+        made = helper(*args, **kwargs)
+        from ._jobstore import start_relay
+
+        start_relay()  # (once: the ranks on other nodes are reached through the store)
+        return made
 
     _new_process_group_helper._daifu_extended = True  # type: ignore[attr-defined]
     _new_process_group_helper.__wrapped__ = helper  # type: ignore[attr-defined]

@@ -1,0 +1,369 @@
+"""Every rank of a distributed job, on every node, through the job's own store.
+
+A rank's control socket (``_control``) is reachable only on its own machine.
+To reach the ranks on other nodes, each rank of a torchrun job runs a
+*relay*: a daemon thread with a client of its own of the job's TCPStore
+(``MASTER_ADDR:MASTER_PORT``, which torchrun runs for the job and gives every
+rank on every node), blocked on its queue there until a command comes.
+
+* A client -- ``python -m daifu send --job``, ``ps``, ``stacks --job`` on any
+  node, or the console's ``ranks``/``rank N``/``all`` in a rank -- pushes a
+  sealed command (``_seal``) onto each target rank's queue, with a fresh
+  queue for the answers, and collects them.
+* The relay opens the command with this user's key; a command it cannot
+  open (another user's, altered, for another rank or job), an old one or one
+  seen before is dropped.  ``send`` and ``report`` are handed to the rank's
+  own control socket -- the same door as a local ``send``/``attach``, so a
+  remote command is checked, journaled and agreed exactly as a local one;
+  ``status`` and ``stacks`` are answered by the relay (a rank blocked in a
+  gloo collective answers: gloo waits without the GIL).
+* Answers are sealed too: another user who reads the store learns nothing
+  of the job's variables, and cannot make a rank seem to answer.
+
+Threat model (docs/architecture.md): the store is an unauthenticated TCP
+service any user who can reach its port may read and write.  What daifu puts
+there must not let anyone but the job's user run code in the job or take
+decisions for it, nor read what it answers.  Denial of service through the
+store (deleting keys, filling queues) is out of scope: whoever can do that
+can already break the job's rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from ._seal import SealError, fingerprint, load_key, seal, unseal
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
+
+#: ``DAIFU_STORE_RELAY=0``: ranks are reached through this machine's sockets only
+RELAY_ENV = "DAIFU_STORE_RELAY"
+_PREFIX = "daifu/relay/"
+#: how far a command's clock may be ahead of this node's, or behind the relay's start (s)
+_SKEW_S = 60.0
+#: how long a command stays valid after it was issued (s)
+_FRESH_S = 600.0
+#: the relay's wait on its queue (a store client times out after this; it then waits again)
+_RELAY_WAIT_S = 7 * 86400.0
+
+
+def enabled() -> bool:
+    return os.environ.get(RELAY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def store_address(env: Any = None) -> tuple[str, int] | None:
+    """The job's store (torchrun's ``MASTER_ADDR``/``MASTER_PORT``), if any."""
+    env = os.environ if env is None else env
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    try:
+        return (addr, int(port)) if addr and port else None
+    except ValueError:
+        return None
+
+
+def _client(addr: str, port: int, timeout_s: float):
+    """A TCPStore client of daifu's own (a client serves one request at a
+    time: the job's own store client must never wait behind daifu's)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(addr, port, is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _queue(job: str, rank: int) -> str:
+    return f"{_PREFIX}{job}/q/{rank}"
+
+
+def _fingerprint_key(job: str, rank: int) -> str:
+    return f"{_PREFIX}{job}/fp/{rank}"
+
+
+# -- the rank's side ----------------------------------------------------------------
+
+
+class Relay(threading.Thread):
+    """A rank's relay: commands from the store to the rank (see the module)."""
+
+    def __init__(self, job: str, addr: str, port: int, rank: int, key: bytes):
+        super().__init__(name="daifu-relay", daemon=True)
+        self.job, self.addr, self.port, self.rank, self.key = job, addr, port, rank, key
+        self.started_at = time.time()
+        self._seen: dict[str, float] = {}  # command id -> when it was issued
+
+    def run(self) -> None:
+        try:
+            store = _client(self.addr, self.port, _RELAY_WAIT_S)
+            store.set(_fingerprint_key(self.job, self.rank), fingerprint(self.key, self.job))
+            replies = store.clone()  # (answers go out while the next command is awaited)
+        except Exception:
+            return  # no store to reach: this node's sockets still serve
+        place = f"cmd|{self.job}|{self.rank}"
+        while True:
+            try:
+                text = store.queue_pop(_queue(self.job, self.rank), True)
+            except Exception:
+                if _store_gone(store):
+                    return  # the job's store went away (the job ends)
+                continue
+            try:
+                message = self._accept(unseal(self.key, place, text))
+            except (SealError, ValueError, TypeError):
+                continue  # not from this user (or altered, moved, replayed): dropped
+            if message is None:
+                continue
+            answer = _answer(message, self.rank)
+            try:  # (the rank in the clear: which seal to check it against)
+                replies.queue_push(message["reply"], f"{self.rank} " + seal(
+                    self.key, f"reply|{self.job}|{self.rank}|{message['id']}", answer))
+            except Exception:
+                continue
+
+    def _accept(self, message: dict) -> dict | None:
+        """The command, if it is fresh and new; else None."""
+        ident, issued, reply = message.get("id"), message.get("t"), message.get("reply")
+        if not isinstance(ident, str) or not isinstance(reply, str) or \
+                not isinstance(issued, (int, float)):
+            return None
+        now = time.time()
+        if issued > now + _SKEW_S or issued < self.started_at - _SKEW_S or \
+                issued < now - _FRESH_S or ident in self._seen:
+            return None
+        self._seen[ident] = issued
+        for old in [k for k, t in self._seen.items() if t < now - _FRESH_S]:
+            del self._seen[old]
+        return message
+
+
+def _store_gone(store) -> bool:
+    try:
+        store.check(["daifu/alive"])
+        return False
+    except Exception:
+        return True
+
+
+def _answer(message: dict, rank: int) -> dict:
+    """What the rank answers to one command (never raises)."""
+    from ._control import EndpointError, request
+
+    op = message.get("op")
+    me = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+    try:
+        if op == "stacks":
+            return {"ok": True, **me, **stacks()}
+        if op == "status":
+            try:
+                status = request(os.getpid(), {"op": "status"}, timeout=3.0)
+            except (EndpointError, OSError):
+                return {"ok": True, **me, **_running()}
+            return {**status, **me, "state": "waiting"}
+        if op == "report":
+            return _report()
+        if op == "send" and isinstance(message.get("cmd"), str):
+            try:
+                return request(os.getpid(), {"op": "send", "cmd": message["cmd"],
+                                             "scope": "job" if message.get("scope") == "job"
+                                             else "rank",
+                                             "origin": str(message.get("origin") or "store")})
+            except (EndpointError, OSError):
+                return {"ok": False, "error": f"rank {rank} does not wait on a crash"}
+        return {"ok": False, "error": f"unknown request {op!r}"}
+    except Exception as exc:  # a client's problem must never reach the job
+        return {"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}"}
+
+
+def _running() -> dict:
+    from ._events import distributed
+
+    return {"state": "running", "argv": sys.argv[:], "cwd": os.getcwd(),
+            "started": _STARTED, **distributed()}
+
+
+_STARTED = time.time()
+
+
+def _report() -> dict:
+    from ._control import EndpointError, Session
+
+    try:
+        session = Session(os.getpid())
+    except (EndpointError, OSError):
+        return {"ok": False, "error": "this rank does not wait on a crash"}
+    try:
+        return session.open()
+    finally:
+        session.close()
+
+
+def stacks(limit: int = 12) -> dict:
+    """This process's threads' Python stacks (innermost last, as tracebacks
+    print them) and its last collectives (PyTorch's flight recorder)."""
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        if names.get(ident) == "daifu-relay":
+            continue
+        threads.append({"thread": names.get(ident, f"{ident:#x}"), "main": ident == main,
+                        "frames": [(f.filename, f.lineno, f.name, f.line or "")
+                                   for f in traceback.extract_stack(frame)]})
+    threads.sort(key=lambda t: not t["main"])
+    return {"threads": threads, "collectives": collectives(limit)}
+
+
+def collectives(limit: int = 12) -> list[dict] | None:
+    """The last ``limit`` collectives of each process group, as PyTorch's
+    flight recorder has them (None when it is off or unavailable)."""
+    from ._distributed import flight_recorder_off
+
+    if flight_recorder_off():
+        return None
+    try:
+        import pickle
+
+        import torch
+
+        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore
+    except Exception:
+        return None
+    out = []
+    for e in dump.get("entries") or []:
+        frames = e.get("frames") or []
+        user = next((f for f in frames if "torch/" not in str(f.get("filename", ""))
+                     .replace("\\", "/")), frames[0] if frames else {})
+        pg = e.get("process_group")
+        out.append({"pg": str(pg[0] if isinstance(pg, (list, tuple)) and pg else pg),
+                    "seq": int(e.get("collective_seq_id") or 0),
+                    "name": str(e.get("profiling_name") or "").split(":")[-1],
+                    "sizes": e.get("input_sizes"), "record": int(e.get("record_id") or 0),
+                    "where": f"{user.get('filename', '?')}:{user.get('line', '?')} in "
+                             f"{user.get('name', '?')}" if user else "?"})
+    out.sort(key=lambda c: c["record"])
+    by_pg: dict[str, list[dict]] = {}
+    for c in out:
+        by_pg.setdefault(c["pg"], []).append(c)
+    return [c for group in by_pg.values() for c in group[-limit:]]
+
+
+_relay: list[Relay] = []
+
+
+def start_relay() -> None:
+    """Start this rank's relay (once; never raises): when the job has a store
+    address, a rank and a key, and ``DAIFU_STORE_RELAY`` is not 0."""
+    if _relay or not enabled():
+        return
+    try:
+        from ._events import distributed
+
+        where, address = distributed(), store_address()
+        if address is None or "job" not in where or "rank" not in where:
+            return
+        relay = Relay(where["job"], address[0], address[1], int(where["rank"]),
+                      load_key(create=True))
+    except (SealError, ValueError):
+        return  # (no key to be had: this node's sockets still serve)
+    _relay.append(relay)
+    relay.start()
+
+
+# -- the clients' side ------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """The job's store cannot be used to reach its ranks (one line saying why)."""
+
+
+class Channel:
+    """A client of one job's ranks through its store."""
+
+    def __init__(self, job: str, addr: str, port: int, world: int, timeout_s: float = 5.0):
+        try:
+            self.key = load_key(create=False)
+        except SealError as exc:
+            raise StoreError(str(exc)) from None
+        try:
+            self.store = _client(addr, port, timeout_s)
+        except Exception as exc:
+            raise StoreError(f"cannot reach the job's store at {addr}:{port}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                             ) from None
+        self.job, self.world = job, world
+
+    @classmethod
+    def for_job(cls, info: dict) -> Channel | None:
+        """The channel of the job a job file or status describes; None when it
+        has no store to reach it through (or the relay is turned off)."""
+        if not enabled() or "job" not in info or not info.get("world_size"):
+            return None
+        store = info.get("store")
+        if not isinstance(store, str) or ":" not in store:
+            return None
+        addr, _, port = store.rpartition(":")
+        try:
+            return cls(info["job"], addr, int(port), int(info["world_size"]))
+        except (StoreError, ValueError):
+            return None
+
+    def other_keys(self) -> list[int]:
+        """Ranks whose relay holds another key than this client (their commands
+        would be dropped): another node's home with its own key file."""
+        mine = fingerprint(self.key, self.job)
+        out = []
+        for rank in range(self.world):
+            name = _fingerprint_key(self.job, rank)
+            try:
+                if self.store.check([name]) and self.store.get(name).decode() != mine:
+                    out.append(rank)
+            except Exception:
+                continue
+        return out
+
+    def ask(self, ranks: list[int] | None, message: dict, timeout: float) -> dict[int, dict]:
+        """Send ``message`` to ``ranks`` (None: every rank); their answers by
+        rank, as they come, within ``timeout`` (missing: no answer)."""
+        import uuid
+
+        targets = list(range(self.world)) if ranks is None else list(ranks)
+        reply_queue = f"{_PREFIX}{self.job}/r/{uuid.uuid4().hex}"
+        idents: dict[int, str] = {}
+        for rank in targets:
+            ident = idents[rank] = uuid.uuid4().hex
+            payload = {**message, "id": ident, "t": time.time(), "reply": reply_queue,
+                       "origin": message.get("origin") or
+                       f"store:{socket.gethostname()}:pid{os.getpid()}"}
+            self.store.queue_push(_queue(self.job, rank),
+                                  seal(self.key, f"cmd|{self.job}|{rank}", payload))
+        answers: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        while len(answers) < len(targets) and time.monotonic() < deadline:
+            try:
+                waiting = self.store.queue_len(reply_queue)
+            except Exception:
+                break
+            if not waiting:
+                time.sleep(0.05)
+                continue
+            head, _, text = self.store.queue_pop(reply_queue, False).decode().partition(" ")
+            rank = int(head) if head.isdigit() else -1
+            if rank in idents and rank not in answers:
+                try:
+                    answers[rank] = unseal(self.key, f"reply|{self.job}|{rank}|{idents[rank]}",
+                                           text)
+                except SealError:
+                    continue  # not the rank's answer: someone else's writing
+        try:
+            self.store.delete_key(reply_queue)
+        except Exception:
+            pass
+        return answers
