@@ -199,7 +199,7 @@ def options(crash: Crash) -> list[str]:
     # do) re-runs code that draws random numbers: said before the choice
     up = _vaccinated_caller_level(crash)
     notes = redraws(crash, up) if up is not None else []
-    if notes:
+    if up is not None and notes:
         name = crash.frame_at(up).f_code.co_name
         out.append(f"retry in caller {name}() (up {name}, retry) -- note: {'; '.join(notes)}")
     return out
