@@ -149,15 +149,21 @@ def test_always_answers_an_hf_compute_metrics_that_fails_at_every_evaluation(tmp
     pytest.importorskip("transformers", reason="transformers not installed")
     corrected = HF_METRICS.replace('1: "positive"}', '1: "positive", 2: "neutral"}')
     (tmp_path / "fixed.py").write_text(corrected)
-    want = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
-    assert want.returncode == 0, want.stderr[-3000:]
+    want = subprocess.Popen([sys.executable, "fixed.py"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # meanwhile
     (tmp_path / "train.py").write_text(HF_METRICS)
     # the human at the first crash: fix this evaluation's label map, answer every later one
     (tmp_path / "console.py").write_text(FIRST_CRASH_CONSOLE.replace(
         "exec LABELS[2] = 'other'", "exec names[2] = 'neutral'"))
-    got = run_daifu(["--fixes", "console.py", "--journal", "j.jsonl", "--log-file", "ev.jsonl",
-                     "train.py"], tmp_path)
+    try:
+        got = run_daifu(["--fixes", "console.py", "--journal", "j.jsonl", "--log-file",
+                         "ev.jsonl", "train.py"], tmp_path)
+        want_out, want_err = want.communicate(timeout=120)
+    finally:
+        if want.poll() is None:
+            want.kill()
+            want.communicate()
+    assert want.returncode == 0, want_err[-3000:]
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.count("rule called") == 1  # one answer, three evaluations
     assert "from now on, KeyError at" in got.stdout
@@ -167,6 +173,6 @@ def test_always_answers_an_hf_compute_metrics_that_fails_at_every_evaluation(tmp
     assert (tmp_path / "j.jsonl").read_text().count('"type": "always"') == 1
     # every evaluation's metrics, and the weights, as the corrected program's
     ours, theirs = ([line for line in out.splitlines() if line.startswith(("metrics", "weights"))]
-                    for out in (got.stdout, want.stdout))
+                    for out in (got.stdout, want_out))
     assert ours == theirs and len(ours) == 2
     assert ours[0].count("eval_correct_neutral") == 3
