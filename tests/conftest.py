@@ -56,6 +56,8 @@ def pytest_configure(config):
     runtime = os.path.join(state, "run")
     os.mkdir(runtime, 0o700)
     os.environ["DAIFU_RUNTIME_DIR"] = runtime
+    # the key that seals commands through a distributed job's store (_seal)
+    os.environ["XDG_CONFIG_HOME"] = os.path.join(state, "config")
     # every job the tests start rewrites its code; the cache has its own tests
     os.environ["DAIFU_CACHE"] = "0"
     if os.environ.get("DAIFU_REQUIRE_TORCH") == "1":

@@ -239,6 +239,9 @@ def test_up_and_down_at_a_pause_reach_the_caller_and_continue_resumes(tmp_path):
         down = _daifu(tmp_path, "send", str(job.pid), "down")
         assert down.returncode == 1 and "> frame 0: " in down.stdout and "in step()" in down.stdout
         assert _daifu(tmp_path, "send", str(job.pid), "p total").returncode == 2
+        assert _daifu(tmp_path, "send", str(job.pid), "up").returncode == 1
+        # continue with main() in focus resumes where it paused (a retry of the
+        # caller's call would have run step() again up to the pause)
         resumed = _daifu(tmp_path, "send", str(job.pid), "continue")
         assert resumed.returncode == 0, resumed.stderr
         out, err = job.communicate(timeout=60)

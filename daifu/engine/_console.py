@@ -349,10 +349,11 @@ class Console(cmd.Cmd):
 
     # -- decisions -------------------------------------------------------------------
 
-    def _decide(self, decision: Decision) -> bool:
+    def _decide(self, decision: Decision, here: bool = False) -> bool:
+        """``here``: at the crash (frame 0) whatever frame is in focus."""
         try:  # checked (can it retry here?) and journaled by the engine, like any patch
             # (abort gives up the crash itself, wherever the focus is)
-            frame = 0 if decision is ABORT else self.level
+            frame = 0 if decision is ABORT or here else self.level
             self.apply(DecisionPatch(decision, origin=self.origin, frame=frame, scope=self.scope))
         except PatchError as err:
             self.ok = False
@@ -386,7 +387,9 @@ class Console(cmd.Cmd):
             self.say("continue resumes a job paused by break; at a crash: retry, skip, next "
                      "or abort")
             return False
-        return self._decide(RETRY)
+        # where it paused, whatever frame is in focus: a retry in a caller would
+        # re-run its call, and the paused frame's work before the pause with it
+        return self._decide(RETRY, here=True)
 
     do_c = do_cont = do_continue
 
@@ -564,52 +567,65 @@ class Console(cmd.Cmd):
 
     # -- distributed jobs --------------------------------------------------------------
 
-    def _job_ranks(self) -> list[dict] | None:
-        """The other waiting ranks of this process's distributed job."""
-        from ._control import waiting_ranks
+    def _job_ranks(self):
+        """(the job's ranks, the *other* ranks that wait on a crash, every
+        rank's status that answered), or None outside a distributed job."""
+        from ._jobstore import JobRanks, this_job
 
-        job = _events.distributed().get("job")
-        if job is None:
+        info = this_job()
+        if info.get("job") is None:
             self.ok = False
             self.say("this process is not a rank of a distributed job")
             return None
-        return waiting_ranks(job, but=os.getpid())
+        ranks = JobRanks(info)
+        statuses = ranks.statuses()
+        me = info.get("rank")
+        others = [s for r, s in sorted(statuses.items())
+                  if r != me and s.get("state") == "waiting"]
+        return ranks, others, statuses
 
     def do_ranks(self, arg: str) -> bool:
-        """ranks: the job's ranks that wait on a crash"""
-        ranks = self._job_ranks()
-        if ranks is None:
+        """ranks: the job's ranks that wait on a crash (on every node, through the job's store)"""
+        from ._jobstore import place
+
+        found = self._job_ranks()
+        if found is None:
             return False
+        ranks, others, statuses = found
         me = _events.distributed()
         self.say(f"> rank {me.get('rank')} (pid {os.getpid()}): {self.crash.where} "
                  f"{type(self.crash.exception).__qualname__}: {self.crash.statement}")
-        for job in ranks:
-            self.say(f"  rank {job.get('rank')} (pid {job['pid']}): {job['where']} "
+        for job in others:
+            self.say(f"  rank {job.get('rank')} ({place(job)}): {job['where']} "
                      f"{job['exc_type']}: {job['statement']}")
-        world = me.get("world_size")
-        waiting = {me.get("rank")} | {j.get("rank") for j in ranks}
-        running = [r for r in range(int(world or 0)) if r not in waiting]
+        running = sorted(r for r, s in statuses.items()
+                         if s.get("state") != "waiting" and r != me.get("rank"))
         if running:
             self.say(f"  running (not at a crash): rank {', '.join(map(str, running))}")
+        statuses.setdefault(int(me.get("rank", -1)), {})  # (this rank answered, of course)
+        unanswered = ranks.unanswered(statuses)
+        if unanswered:
+            self.say(f"  {unanswered}")
         return False
 
     def do_rank(self, arg: str) -> bool:
         """rank N: talk to rank N's crash (``back`` returns here)"""
-        from ._control import EndpointError, Session
+        from ._control import EndpointError
 
-        ranks = self._job_ranks()
-        if ranks is None:
+        found = self._job_ranks()
+        if found is None:
             return False
+        ranks, others, _ = found
         if arg.strip() == str(_events.distributed().get("rank")):
             self.say(f"this is rank {arg.strip()}'s own crash (the console already talks to "
                      "it)")
             return False
-        target = [j for j in ranks if str(j.get("rank")) == arg.strip()]
+        target = [j for j in others if str(j.get("rank")) == arg.strip()]
         if not target:
             self.ok = False
             self.say(f"rank {arg.strip()!r} does not wait on a crash (see `ranks`)")
             return False
-        session = Session(target[0]["pid"])
+        session = ranks.session(target[0])
         try:
             hello = session.open()
             if not hello.get("ok"):
@@ -655,17 +671,16 @@ class Console(cmd.Cmd):
         """all COMMAND: COMMAND on every waiting rank of the job, together"""
         import threading
 
-        from ._control import send_to_ranks
-
         if not arg.strip():
             self.ok = False
             self.say("usage: all COMMAND   (e.g. all exec lr = 0.01, all retry)")
             return False
-        ranks = self._job_ranks()
-        if ranks is None:
+        found = self._job_ranks()
+        if found is None:
             return False
+        ranks, others, _ = found
         replies: dict[int, dict] = {}
-        sender = threading.Thread(target=lambda: replies.update(send_to_ranks(ranks, arg)),
+        sender = threading.Thread(target=lambda: replies.update(ranks.send(others, arg)),
                                   daemon=True)
         sender.start()  # the others at once: a decision waits until every rank took it
         self.scope = "job"
@@ -674,8 +689,8 @@ class Console(cmd.Cmd):
         finally:
             self.scope = "rank"
         sender.join()
-        for job in ranks:
-            reply = replies.get(job["pid"], {})
+        for job in others:
+            reply = replies.get(int(job["rank"]), {})
             text = (reply.get("output") or "").rstrip() or reply.get("error") or (
                 reply.get("decision") or "ok")
             self.say(f"rank {job.get('rank')}: {text}")

@@ -333,13 +333,6 @@ def _jobs_in(directory: str) -> list[dict]:
     return jobs
 
 
-def waiting_ranks(job: str, but: int | None = None) -> list[dict]:
-    """The ranks of distributed job ``job`` that wait on a crash (except pid
-    ``but``), in rank order."""
-    ranks = [j for j in list_jobs() if j.get("job") == job and j["pid"] != but]
-    return sorted(ranks, key=lambda j: j.get("rank", -1))
-
-
 def send_to_ranks(ranks: list[dict], text: str) -> dict[int, dict]:
     """The same command to every rank at once, as a decision for all of them
     (each rank holds its answer until every rank has agreed)."""

@@ -97,6 +97,13 @@ class Relay(threading.Thread):
         self.job, self.addr, self.port, self.rank, self.key = job, addr, port, rank, key
         self.started_at = time.time()
         self._seen: dict[str, float] = {}  # command id -> when it was issued
+        self._stopping = threading.Event()
+
+    def stop(self, store) -> None:
+        """End the relay (``store``: a client of the same store, to wake it)."""
+        self._stopping.set()
+        store.queue_push(_queue(self.job, self.rank), b"stop")
+        self.join(10.0)
 
     def run(self) -> None:
         try:
@@ -113,6 +120,8 @@ class Relay(threading.Thread):
                 if _store_gone(store):
                     return  # the job's store went away (the job ends)
                 continue
+            if self._stopping.is_set():
+                return
             try:
                 message = self._accept(unseal(self.key, place, text))
             except (SealError, ValueError, TypeError):
@@ -208,17 +217,29 @@ def stacks(limit: int = 12) -> dict:
     print them) and its last collectives (PyTorch's flight recorder)."""
     import traceback
 
+    from ._crash import _installed, is_plumbing
+
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
-    threads = []
+    threads: list[dict[str, Any]] = []
     for ident, frame in sys._current_frames().items():
         if names.get(ident) == "daifu-relay":
             continue
         threads.append({"thread": names.get(ident, f"{ident:#x}"), "main": ident == main,
                         "frames": [(f.filename, f.lineno, f.name, f.line or "")
-                                   for f in traceback.extract_stack(frame)]})
+                                   for f in traceback.extract_stack(frame)
+                                   if not is_plumbing(f.filename)]})
     threads.sort(key=lambda t: not t["main"])
-    return {"threads": threads, "collectives": collectives(limit)}
+    out: dict[str, Any] = {"threads": threads, "collectives": collectives(limit)}
+    frames = threads[0]["frames"] if threads and threads[0]["main"] else []
+    if frames:
+        def name(f: tuple) -> str:
+            return f"{f[0]}:{f[1]} in {f[2]}" + (f" ({f[3]})" if f[3] else "")
+
+        out["innermost"] = name(frames[-1])
+        own = [f for f in frames if not _installed(f[0])]
+        out["at"] = name(own[-1]) if own else out["innermost"]
+    return out
 
 
 def collectives(limit: int = 12) -> list[dict] | None:
@@ -367,3 +388,130 @@ class Channel:
         except Exception:
             pass
         return answers
+
+
+class JobRanks:
+    """The ranks of one distributed job, reached the best way there is:
+    through the job's store when it has one (every rank, on every node),
+    else through this machine's control sockets (the ranks here).  Answers
+    are by rank."""
+
+    def __init__(self, info: dict):
+        self.job = str(info.get("job"))
+        self.world = int(info.get("world_size") or 0)
+        self.channel = Channel.for_job(info)
+
+    @property
+    def everywhere(self) -> bool:
+        """Are the ranks on other nodes reached too?"""
+        return self.channel is not None
+
+    def statuses(self, timeout: float = 5.0) -> dict[int, dict]:
+        """Every rank's status that answers: ``state`` "waiting" (with where it
+        crashed) or "running"."""
+        if self.channel is not None:
+            return self.channel.ask(None, {"op": "status"}, timeout)
+        from ._control import list_jobs
+        from ._rundir import running_jobs
+
+        out: dict[int, dict] = {}
+        for job in running_jobs():
+            if job.get("job") == self.job and "rank" in job:
+                out[int(job["rank"])] = {**job, "state": "running",
+                                         "host": socket.gethostname()}
+        for job in list_jobs():
+            if job.get("job") == self.job and "rank" in job:
+                out[int(job["rank"])] = {**job, "state": "waiting",
+                                         "host": socket.gethostname()}
+        return out
+
+    def send(self, ranks: list[dict], text: str, scope: str = "job",
+             timeout: float | None = None) -> dict[int, dict]:
+        """``text`` to the waiting ``ranks`` (their statuses) at once."""
+        from ._control import SEND_TIMEOUT_S, send_to_ranks
+
+        if self.channel is not None:
+            return self.channel.ask([int(r["rank"]) for r in ranks],
+                                    {"op": "send", "cmd": text, "scope": scope},
+                                    SEND_TIMEOUT_S if timeout is None else timeout)
+        by_pid = send_to_ranks(ranks, text)
+        return {int(r["rank"]): by_pid.get(r["pid"], {}) for r in ranks}
+
+    def session(self, status: dict):
+        """A console session with one waiting rank (``open``, ``command``, ``close``)."""
+        if self.channel is not None:
+            return _StoreSession(self.channel, int(status["rank"]))
+        from ._control import Session
+
+        return Session(int(status["pid"]))
+
+    def stacks(self, timeout: float = 5.0) -> dict[int, dict]:
+        """Every answering rank's threads' stacks and last collectives (the
+        store only: on this machine alone, ``stacks`` reads faulthandler)."""
+        if self.channel is None:
+            return {}
+        return self.channel.ask(None, {"op": "stacks"}, timeout)
+
+    def unanswered(self, answers: dict[int, dict]) -> str:
+        """Why the ranks missing from ``answers`` did not answer, in one line."""
+        missing = [r for r in range(self.world) if r not in answers]
+        if not missing:
+            return ""
+        names = ", ".join(map(str, missing))
+        if self.channel is None:
+            return (f"rank{'s' if len(missing) > 1 else ''} {names}: not on this machine, or "
+                    "not a daifu job (the job has no store address to reach other nodes)")
+        keys = self.channel.other_keys()
+        other = [r for r in missing if r in keys]
+        if other:
+            return (f"rank{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} "
+                    f"hold{'s' if len(other) == 1 else ''} another daifu key (their nodes "
+                    f"read another {KEY_HINT}); the others did not answer")
+        return (f"rank{'s' if len(missing) > 1 else ''} {names} did not answer (not started "
+                f"yet, ended, busy holding the interpreter in C, or started with "
+                f"{RELAY_ENV}=0)")
+
+
+#: where a user makes every node use the same key
+KEY_HINT = "key file: point DAIFU_JOB_KEY_FILE at one file every node reads"
+
+
+class _StoreSession:
+    """``rank N`` with a rank on another node: one command at a time."""
+
+    def __init__(self, channel: Channel, rank: int):
+        self.channel, self.rank = channel, rank
+
+    def _one(self, message: dict, timeout: float) -> dict:
+        answer = self.channel.ask([self.rank], message, timeout).get(self.rank)
+        return answer or {"ok": False, "error": f"rank {self.rank} did not answer within "
+                                                f"{timeout:g}s"}
+
+    def open(self) -> dict:
+        return self._one({"op": "report"}, 30.0)
+
+    def command(self, text: str) -> dict:
+        from ._control import SEND_TIMEOUT_S
+
+        return self._one({"op": "send", "cmd": text, "scope": "rank"}, SEND_TIMEOUT_S)
+
+    def close(self) -> None:
+        pass
+
+
+def place(status: dict) -> str:
+    """Where a rank runs: its pid, and its host when that is not this one."""
+    host = status.get("host")
+    return f"pid {status.get('pid')}" + (f" on {host}" if host and host !=
+                                          socket.gethostname() else "")
+
+
+def this_job() -> dict:
+    """This process's job, as a job file describes it ({} outside one)."""
+    from ._events import distributed
+
+    info = distributed()
+    address = store_address()
+    if info and address is not None:
+        info["store"] = f"{address[0]}:{address[1]}"
+    return info

@@ -14,8 +14,6 @@ from ..engine._control import (
     Session,
     list_jobs,
     request,
-    send_to_ranks,
-    waiting_ranks,
 )
 from ..engine._rundir import running_jobs
 
@@ -39,6 +37,7 @@ def ps(args: list[str]) -> int:
     waiting_pids = {job["pid"] for job in waiting}
     jobs = [{**job, "state": "waiting"} for job in waiting]
     jobs += [job for job in running if job["pid"] not in waiting_pids]
+    jobs += _other_nodes(jobs, running)
     # the ranks of one distributed job together, in rank order
     jobs.sort(key=lambda j: (str(j.get("job", "")), j.get("rank", -1), j["pid"]))
     if as_json:
@@ -48,6 +47,8 @@ def ps(args: list[str]) -> int:
         print("no daifu job is running")
         return 0
     print(f"{'PID':>7}  {'STATE':<8} {'FOR':>7}  WHERE / PROGRAM")
+    from ..engine._jobstore import place
+
     for job in jobs:
         if job["state"] == "waiting":
             how = " (console on its terminal)" if job.get("console") else ""
@@ -60,9 +61,26 @@ def ps(args: list[str]) -> int:
                   f"{job.get('cwd', '')}")
         print(f"{'':>27}{' '.join(str(a) for a in job.get('argv', []))}")
         if "rank" in job:
+            where = place(job).partition(" on ")[2]
             print(f"{'':>27}rank {job['rank']} of {job.get('world_size', '?')} (local rank "
-                  f"{job.get('local_rank', '?')}), job {job.get('job', '?')}")
+                  f"{job.get('local_rank', '?')}), job {job.get('job', '?')}"
+                  + (f", on {where}" if where else ""))
     return 0
+
+
+def _other_nodes(here: list[dict], running: list[dict]) -> list[dict]:
+    """The ranks on other nodes of the distributed jobs that have ranks here
+    (through each job's store; ``_jobstore``)."""
+    from ..engine._jobstore import JobRanks
+
+    out = []
+    for info in {j["job"]: j for j in running if "job" in j and "store" in j}.values():
+        ranks = JobRanks(info)
+        if not ranks.everywhere:
+            continue
+        mine = {j.get("rank") for j in here if j.get("job") == info["job"]}
+        out += [status for rank, status in ranks.statuses(3.0).items() if rank not in mine]
+    return out
 
 
 def _duration(seconds: float) -> str:
@@ -164,39 +182,53 @@ def _answer(reply: dict, prefix: str = "") -> int:
     return RESUMED if reply.get("resumed") else STILL_WAITING
 
 
-def job_ranks(pid: int) -> tuple[dict, list[dict]]:
-    """(PID's status, the waiting ranks of its distributed job in rank order)."""
-    mine = request(pid, {"op": "status"}, timeout=3.0)
-    if not mine.get("ok"):
-        raise EndpointError(mine.get("error") or f"job {pid} did not answer")
-    if "job" not in mine or "rank" not in mine:
+def _job_of(pid: int) -> dict:
+    """The job file (or, for a job started without the runner, the status)
+    of PID, a rank of a distributed job; ``EndpointError`` saying why not."""
+    info = {j["pid"]: j for j in running_jobs()}.get(pid)
+    if info is None:
+        info = request(pid, {"op": "status"}, timeout=3.0)
+        if not info.get("ok"):
+            raise EndpointError(info.get("error") or f"job {pid} did not answer")
+    if "job" not in info or "rank" not in info:
         raise EndpointError(f"job {pid} is not a rank of a distributed job (no RANK, "
                             "WORLD_SIZE, and MASTER_ADDR/MASTER_PORT or TORCHELASTIC_RUN_ID): "
                             "send it without --job")
-    return mine, waiting_ranks(mine["job"])
+    return info
 
 
 def _send_job(pid: int, text: str) -> int:
+    from ..engine._jobstore import JobRanks, place
+
     try:
-        mine, ranks = job_ranks(pid)
+        info = _job_of(pid)
+        ranks = JobRanks(info)
+        statuses = ranks.statuses()
     except (EndpointError, OSError) as exc:
         print(f"daifu send: {exc}", file=sys.stderr)
         return NO_JOB
-    world = int(mine.get("world_size") or 0)
-    waiting = {j["rank"] for j in ranks}
-    missing = [r for r in range(world) if r not in waiting]
-    if missing:
-        print(f"daifu send: rank(s) {', '.join(map(str, missing))} of job {mine['job']} are "
-              f"not waiting at a crash; a decision for all ranks will be refused",
-              file=sys.stderr)
-    replies = send_to_ranks(ranks, text)
-    statuses = [_answer(replies[j["pid"]], prefix=f"rank {j['rank']} (pid {j['pid']}): ")
-                for j in ranks]
-    if any(s == NO_JOB for s in statuses):
+    waiting = [s for _, s in sorted(statuses.items()) if s.get("state") == "waiting"]
+    running = sorted(r for r, s in statuses.items() if s.get("state") != "waiting")
+    if running:
+        print(f"daifu send: rank{'s' if len(running) > 1 else ''} "
+              f"{', '.join(map(str, running))} of job {info['job']} "
+              f"{'are' if len(running) > 1 else 'is'} running, not waiting at a crash; "
+              "a decision for all ranks will be refused", file=sys.stderr)
+    unanswered = ranks.unanswered(statuses)
+    if unanswered:
+        print(f"daifu send: {unanswered}", file=sys.stderr)
+    if not waiting:
+        print(f"daifu send: no rank of job {info['job']} waits on a crash", file=sys.stderr)
         return NO_JOB
-    if any(s == FAILED for s in statuses):
+    replies = ranks.send(waiting, text)
+    statuses_out = [_answer(replies.get(int(s["rank"])) or
+                            {"ok": False, "error": "no answer in time (DAIFU_SEND_TIMEOUT)"},
+                            prefix=f"rank {s['rank']} ({place(s)}): ") for s in waiting]
+    if any(s == NO_JOB for s in statuses_out):
+        return NO_JOB
+    if any(s == FAILED for s in statuses_out):
         return FAILED
-    return RESUMED if statuses and all(s == RESUMED for s in statuses) else STILL_WAITING
+    return RESUMED if all(s == RESUMED for s in statuses_out) else STILL_WAITING
 
 
 def attach(args: list[str]) -> int:
@@ -309,6 +341,11 @@ def stacks(args: list[str]) -> int:
             print(f"daifu stacks: job {pid} is not a rank of a distributed job: "
                   "use it without --job", file=sys.stderr)
             return NO_JOB
+        from ..engine._jobstore import JobRanks
+
+        ranks = JobRanks(jobs[pid])
+        if ranks.everywhere:  # every rank, on every node, through the job's store
+            return _stacks_everywhere(ranks)
         targets = sorted((j for j in jobs.values() if j.get("job") == jobs[pid]["job"]),
                          key=lambda j: (j.get("rank", -1), j["pid"]))
     innermost: dict[str, str] = {}
@@ -335,3 +372,28 @@ def stacks(args: list[str]) -> int:
             for rank in elsewhere:
                 print(f"  rank {rank}: {innermost[rank]}")
     return status
+
+
+def _stacks_everywhere(ranks) -> int:
+    """``stacks --job`` through the job's store: every rank's threads and last
+    collectives, then what is out of step (``engine/_doctor``)."""
+    from ..engine._doctor import diagnose, render
+    from ..engine._jobstore import place
+
+    answers = ranks.stacks()
+    for rank, answer in sorted(answers.items()):
+        print("\n".join(render(rank, answer, place(answer))))
+        print()
+    print("side by side (each rank's main thread, its last collective):")
+    for rank, answer in sorted(answers.items()):
+        last = (answer.get("collectives") or [{}])[-1]
+        print(f"  rank {rank}: {answer.get('at', '?')}"
+              + (f"  | last #{last['seq']} {last['name']}" if last else ""))
+    missing = ranks.unanswered(answers)
+    if missing:
+        print(f"  {missing}")
+    findings = diagnose(answers)
+    if findings:
+        print()
+        print("\n".join(findings))
+    return 0 if answers and not missing else FAILED

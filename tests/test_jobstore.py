@@ -1,0 +1,123 @@
+"""Reaching a distributed job's ranks through its store (``engine/_jobstore``,
+``engine/_seal``): only this user's sealed commands are taken, once, fresh;
+answers are sealed; nobody who reads the store learns what was said."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from daifu.engine import _seal
+
+
+def test_a_sealed_message_opens_only_with_its_key_at_its_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAIFU_JOB_KEY_FILE", str(tmp_path / "missing.key"))
+    with pytest.raises(_seal.SealError, match="no daifu key"):
+        _seal.load_key()  # a key named by the variable is never made up
+    monkeypatch.delenv("DAIFU_JOB_KEY_FILE")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    key = _seal.load_key()
+    assert _seal.load_key() == key  # made once, 0600 in a 0700 directory
+    path = tmp_path / "config" / "daifu" / "job.key"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    sealed = _seal.seal(key, "cmd|job|0", {"op": "send", "cmd": "exec\nsecret = 42\n"})
+    assert "secret" not in sealed and "exec" not in sealed  # encrypted, not only signed
+    assert _seal.unseal(key, "cmd|job|0", sealed)["cmd"] == "exec\nsecret = 42\n"
+    with pytest.raises(_seal.SealError):
+        _seal.unseal(key, "cmd|job|1", sealed)  # moved to another rank's queue
+    with pytest.raises(_seal.SealError):
+        _seal.unseal(os.urandom(32), "cmd|job|0", sealed)  # another user's key
+    import json
+
+    outer = json.loads(sealed)
+    flipped = bytearray(__import__("base64").b64decode(outer["c"]))
+    flipped[0] ^= 1
+    outer["c"] = __import__("base64").b64encode(bytes(flipped)).decode()
+    with pytest.raises(_seal.SealError):
+        _seal.unseal(key, "cmd|job|0", json.dumps(outer))  # altered
+    with pytest.raises(_seal.SealError):
+        _seal.unseal(key, "cmd|job|0", "not json")
+
+
+def test_a_key_others_can_read_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "job.key"
+    path.write_text("x" * 44)
+    path.chmod(0o644)
+    monkeypatch.setenv("DAIFU_JOB_KEY_FILE", str(path))
+    with pytest.raises(_seal.SealError, match="nobody else can read"):
+        _seal.load_key()
+    path.chmod(0o600)
+    assert _seal.load_key() == b"x" * 44
+
+
+@pytest.fixture
+def job_store(tmp_path, monkeypatch):
+    """A store like torchrun's, a relay for rank 0 of job "j" in this process,
+    and a channel to it (this user's key)."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import torch.distributed as dist
+
+    from daifu.engine import _jobstore
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    relay = _jobstore.Relay("j", "127.0.0.1", server.port, 0, _seal.load_key())
+    relay.start()
+    channel = _jobstore.Channel("j", "127.0.0.1", server.port, 1)
+    deadline = time.monotonic() + 10
+    while not server.check([_jobstore._fingerprint_key("j", 0)]):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    yield server, channel, _jobstore
+    relay.stop(server)
+
+
+def test_the_relay_answers_this_users_commands_and_drops_everything_else(job_store, tmp_path,
+                                                                          monkeypatch):
+    server, channel, _jobstore = job_store
+    status = channel.ask(None, {"op": "status"}, 5.0)
+    assert status[0]["state"] == "running" and status[0]["pid"] == os.getpid()
+    # garbage and another user's commands are dropped; the relay goes on
+    server.queue_push(_jobstore._queue("j", 0), b"rm -rf /")
+    monkeypatch.setenv("DAIFU_JOB_KEY_FILE", str(tmp_path / "other.key"))
+    (tmp_path / "other.key").write_bytes(os.urandom(32).hex().encode())
+    (tmp_path / "other.key").chmod(0o600)
+    stranger = _jobstore.Channel("j", "127.0.0.1", server.port, 1)
+    assert stranger.ask(None, {"op": "status"}, 1.0) == {}
+    assert channel.other_keys() == [] and stranger.other_keys() == [0]
+    monkeypatch.delenv("DAIFU_JOB_KEY_FILE")
+    assert channel.ask(None, {"op": "status"}, 5.0)[0]["state"] == "running"
+
+
+def test_a_command_is_taken_once_and_only_while_fresh(job_store):
+    server, channel, _jobstore = job_store
+    key = channel.key
+    queue = _jobstore._queue("j", 0)
+
+    def push(ident: str, issued: float, reply: str) -> None:
+        server.queue_push(queue, _seal.seal(key, "cmd|j|0", {
+            "op": "status", "id": ident, "t": issued, "reply": reply}))
+
+    push("once", time.time(), "daifu/relay/j/r/a")
+    push("once", time.time(), "daifu/relay/j/r/b")  # the same command again: a replay
+    push("old", time.time() - 3600, "daifu/relay/j/r/c")  # issued before the relay started
+    assert channel.ask(None, {"op": "status"}, 5.0)  # (all of the above were handled first)
+    assert server.queue_len("daifu/relay/j/r/a") == 1
+    assert server.queue_len("daifu/relay/j/r/b") == 0
+    assert server.queue_len("daifu/relay/j/r/c") == 0
+    answer = server.queue_pop("daifu/relay/j/r/a", False).decode()
+    assert answer.startswith("0 ") and "running" not in answer  # the answer is sealed
+    assert _seal.unseal(key, "reply|j|0|once", answer[2:])["state"] == "running"
+
+
+def test_stacks_name_this_process_threads_and_its_line(job_store):
+    _, channel, _ = job_store
+    answer = channel.ask(None, {"op": "stacks"}, 5.0)[0]
+    main = answer["threads"][0]
+    assert main["main"] and main["thread"] == "MainThread"
+    assert any(name == "test_stacks_name_this_process_threads_and_its_line"
+               for _, _, name, _ in main["frames"])
+    assert not any(t["thread"] == "daifu-relay" for t in answer["threads"])
