@@ -390,8 +390,10 @@ def test_stacks_of_a_hung_job_name_the_rank_that_is_behind(tmp_path):
         got = run_daifu(["stacks", "--job", ranks[0]], cwd=tmp_path)
         assert got.returncode == 0, got.stderr
         assert "=== rank 0" in got.stdout and "=== rank 1" in got.stdout
-        assert "rank 1 is elsewhere (behind)" in got.stdout, got.stdout
-        assert "in slow_data" in got.stdout.split("elsewhere (behind):")[1]
+        # (through the job's store: the flight recorder's sequence numbers say who is behind)
+        assert "rank 1 is behind in process group 0: its last collective is none yet; rank 0 " \
+               "issued #1 all_reduce" in got.stdout, got.stdout
+        assert "in slow_data" in got.stdout.split("rank 1 is at ")[1]
     finally:
         import signal
 
@@ -457,3 +459,171 @@ def test_rank_placeholders_under_mp_spawn_name_each_process_by_its_group_rank(tm
     assert (tmp_path / "journal-1.jsonl").exists()
     assert not (tmp_path / "events-0.jsonl").exists() or not [
         e for e in read_events(tmp_path / "events-0.jsonl") if e["event"] == "crash.intercepted"]
+
+
+# -- two nodes on this machine: two torchrun launchers with a c10d rendezvous ---------------
+
+
+class TwoNodes:
+    """A job of four ranks on two simulated nodes: two torchrun launchers
+    (``--nnodes 2``, two ranks each) meeting at a c10d rendezvous on
+    127.0.0.1, each node with a runtime directory of its own (its ranks'
+    control sockets: what one node cannot see of the other)."""
+
+    def __init__(self, tmp_path, args: list[str], env: dict | None = None):
+        self.tmp_path = tmp_path
+        port = _free_port()
+        self.runtime = []
+        self.launchers = []
+        for node in (0, 1):
+            run = tmp_path / f"node{node}"
+            run.mkdir(mode=0o700)
+            self.runtime.append(str(run))
+            self.launchers.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}", "-m", "daifu", *args],
+                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_RUNTIME_DIR": str(run),
+                     **(env or {})}))
+        self.pids: set[int] = set()
+
+    def daifu(self, node: int, *args, timeout: float = 120):
+        """``python -m daifu ARGS`` on ``node``."""
+        return run_daifu(list(args), self.tmp_path, env={"DAIFU_RUNTIME_DIR": self.runtime[node]},
+                         timeout=timeout)
+
+    def ranks(self, node: int, state: str | None = None) -> list[dict]:
+        """``ps --json`` on ``node``: the job's ranks there and, through its store, elsewhere."""
+        import json
+
+        listed = json.loads(self.daifu(node, "ps", "--json").stdout or "[]")
+        found = [j for j in listed if "rank" in j and (state is None or j["state"] == state)]
+        self.pids |= {j["pid"] for j in found}
+        return found
+
+    def wait_for(self, count: int, state: str | None = None, timeout: float = 120) -> list[dict]:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.ranks(0, state)
+            if len(found) >= count:
+                return found
+            assert time.monotonic() < deadline, (found, self.output())
+            assert all(p.poll() is None for p in self.launchers), self.output()
+            time.sleep(0.5)
+
+    def output(self) -> str:
+        return "".join(f"--- node {n} (exit {p.poll()})\n" for n, p in enumerate(self.launchers))
+
+    def close(self) -> None:
+        import signal
+
+        for pid in self.pids:  # (torchrun starts each rank in a session of its own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.launchers:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.communicate()
+
+
+FOUR = TRAIN.replace("for r in range(2)", "for r in range(4)")
+
+
+def test_two_nodes_one_send_fixes_every_rank_and_the_console_lists_all_four(tmp_path):
+    """Every rank crashes at step 3 on both nodes.  ``ps`` on one node lists
+    the four ranks; a rank's console (``ranks``) lists the other three, on both
+    nodes; one ``send --job`` from node 1 and one from node 0 fix all four,
+    bit-identical to an uninterrupted run of the corrected program."""
+    assert FOUR != TRAIN
+    (tmp_path / "train.py").write_text(FOUR.format(bad="{(0, 3), (1, 3), (2, 3), (3, 3)}"))
+    (tmp_path / "ref.py").write_text(FOUR.format(bad="()"))
+    ref = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "4", "ref.py", "ref.pt"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    nodes = TwoNodes(tmp_path, ["--wait", "120", "train.py", "live.pt"])
+    try:
+        waiting = nodes.wait_for(4, "waiting")
+        assert sorted(j["rank"] for j in waiting) == [0, 1, 2, 3]
+        here = {j["pid"] for j in waiting if j.get("host") is None}  # (node 0's own sockets)
+        assert len(here) == 2, waiting
+        on_node0 = sorted((j for j in waiting if j["pid"] in here), key=lambda j: j["rank"])
+        listed = nodes.daifu(0, "send", on_node0[0]["pid"], "ranks")
+        assert listed.returncode == 1, listed.stderr
+        others = re.findall(r"\n  rank (\d) \(pid \d+\): .*train\.py:\d+ KeyError",
+                            listed.stdout)
+        assert sorted(others) == sorted({"0", "1", "2", "3"} - {str(on_node0[0]["rank"])}), \
+            listed.stdout
+        on_node1 = nodes.ranks(1, "waiting")
+        node1_pid = next(j["pid"] for j in on_node1 if j.get("host") is None)
+        fixed = nodes.daifu(1, "send", "--job", node1_pid, "exec", "SCALES[rank][step] = 1.0")
+        assert fixed.returncode == 1, fixed.stdout + fixed.stderr  # applied; all still wait
+        assert "not waiting" not in fixed.stderr and "did not answer" not in fixed.stderr
+        resumed = nodes.daifu(0, "send", "--job", on_node0[0]["pid"], "retry")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        for proc in nodes.launchers:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        nodes.close()
+    assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
+
+
+HUNG_FOUR = textwrap.dedent('''
+    import time
+    import torch
+    import torch.distributed as dist
+
+    def idle():
+        time.sleep(120)  # rank 3 left out the last all_reduce; the others wait in it
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        for step in range(3):
+            if rank == 3 and step == 2:
+                continue  # the bug: rank 3 skips one collective
+            dist.all_reduce(torch.ones(2))
+        if rank == 3:
+            idle()
+        dist.barrier()
+
+    main()
+''')
+
+
+def test_stacks_of_a_two_node_job_name_the_rank_that_skipped_a_collective(tmp_path):
+    """``stacks --job`` from node 1, while three ranks wait in an all_reduce
+    (blocked in gloo) that rank 3, on node 1, left out."""
+    import time
+
+    (tmp_path / "hung.py").write_text(HUNG_FOUR)
+    nodes = TwoNodes(tmp_path, ["hung.py"], env={"DAIFU_CONSOLE": "0"})
+    try:
+        nodes.wait_for(4)
+        pid = next(j["pid"] for j in nodes.ranks(1) if j.get("host") is None)
+        deadline = time.monotonic() + 60
+        while True:
+            got = nodes.daifu(1, "stacks", "--job", pid)
+            if "is behind" in got.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert got.returncode == 0, got.stdout + got.stderr
+        for rank in range(4):
+            assert f"=== rank {rank} (pid " in got.stdout
+        assert "rank 3 is behind in process group 0: its last collective is #2 all_reduce " \
+               "[[2]]" in got.stdout, got.stdout
+        assert "ranks 0, 1, 2 issued #3 all_reduce [[2]]" in got.stdout
+        assert "hung.py:7 in idle" in got.stdout.split("rank 3 is at ")[1]
+    finally:
+        nodes.close()
