@@ -48,5 +48,8 @@ def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
     assert any(c.meta.get("waiting_ranks", 1) == 2 for c in ranked)
     assert any(c.meta.get("session_delay_s", 0) > 3 for c in ranked)
     assert any(c.meta.get("refused") for c in ranked)
+    # two simulated nodes reached through the job's store; two jobs side by side
+    assert any(c.meta.get("nodes", 1) > 1 for c in ranked)
+    assert any(c.meta.get("concurrent") for c in ranked)
     assert any((c.programs / "fix.py").exists() and not c.meta.get("refused")
                for c in ranked)

@@ -171,6 +171,141 @@ def _run_rank_session(proc: subprocess.Popen, lines: list[str], timeout: float,
     return replies
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Launchers:
+    """The live run of a distributed case with more than one launcher.
+
+    * ``nodes`` > 1: one job on simulated nodes -- one torchrun launcher per
+      node (``--nnodes``, a c10d rendezvous on 127.0.0.1), each node with a
+      runtime directory of its own; the session is typed on the *last* node
+      (``python -m daifu send --job``), so it reaches the others only through
+      the job's store.
+    * ``concurrent``: the same job twice, side by side, both launched alike
+      (no ``--standalone``, no ``--rdzv-id``: the run id ``none`` for both);
+      the session fixes the first, which must finish exact while the second
+      still waits untouched (then it is aborted, and must fail as without
+      daifu)."""
+
+    def __init__(self, cmd: list[str], cwd: Path, env: dict, ranks: int, nodes: int,
+                 concurrent: bool):
+        tail = cmd[cmd.index("daifu") - 1:]  # (-m daifu ... buggy.py ...)
+        self.cwd = cwd
+        self.procs: list[subprocess.Popen] = []
+        self.runtime: list[str] = []
+        self.pids: set[int] = set()
+        self.other: subprocess.Popen | None = None
+        run = [sys.executable, "-m", "torch.distributed.run"]
+        if nodes > 1:
+            port = _free_port()
+            for node in range(nodes):
+                directory = cwd.parent / f"node{node}"
+                directory.mkdir(mode=0o700, exist_ok=True)
+                self.runtime.append(str(directory))
+                self.procs.append(subprocess.Popen(
+                    [*run, "--nnodes", str(nodes), "--nproc-per-node", str(ranks // nodes),
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                     "--rdzv-id", f"bench-{port}", *tail], cwd=cwd, env={
+                         **env, "DAIFU_RUNTIME_DIR": str(directory)},
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                    text=True, start_new_session=True))
+        else:
+            self.runtime.append(os.environ["DAIFU_RUNTIME_DIR"])
+            twin = cwd.parent / f"{cwd.name}-twin"
+            shutil.copytree(cwd, twin)
+            for where in (cwd, twin):
+                self.procs.append(subprocess.Popen(
+                    [*run, "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                     "--master-port", str(_free_port()), *tail], cwd=where,
+                    env={**env, "DAIFU_BENCH_LOG": env["DAIFU_BENCH_LOG"] if where == cwd
+                         else str(cwd.parent / "twin.iter")},
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                    text=True, start_new_session=True))
+            self.other = self.procs.pop()
+
+    def _daifu(self, node: int, *args: str, timeout: float = 120.0):
+        return subprocess.run([sys.executable, "-m", "daifu", *map(str, args)], cwd=self.cwd,
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "DAIFU_RUNTIME_DIR": self.runtime[node]})
+
+    def _ps(self, node: int) -> list[dict]:
+        listed = json.loads(self._daifu(node, "ps", "--json").stdout or "[]")
+        ranks = [j for j in listed if "rank" in j]
+        self.pids |= {j["pid"] for j in ranks}
+        return ranks
+
+    def _mine(self, ranks: list[dict]) -> list[dict]:
+        """The ranks of the job under test (not the twin's), waiting."""
+        here = str(self.cwd) + os.sep
+        return [j for j in ranks if j.get("state") == "waiting"
+                and str(j.get("where", "")).startswith(here)]
+
+    def session(self, lines: list[str], timeout: float, waiting: int
+                ) -> tuple[list[dict], list[str]]:
+        node = len(self.runtime) - 1  # the session is typed on the last node
+        others = 2 * waiting if self.other is not None else waiting
+        deadline = time.monotonic() + timeout
+        while True:
+            ranks = self._ps(node)
+            if len([j for j in ranks if j.get("state") == "waiting"]) >= others:
+                break
+            if any(p.poll() is not None for p in self.procs) or time.monotonic() > deadline:
+                return [], [f"{others} rank(s) never waited on a crash"]
+            time.sleep(0.3)
+        target = next(j for j in self._mine(ranks) if j.get("host") is None)
+        twin_job = {j["job"] for j in ranks} - {target["job"]}
+        replies = []
+        for line in lines:
+            text = line.replace("\\n", "\n")
+            job = text.startswith("job:")
+            words = text[4:].strip() if job else text
+            argv = ["send", *(["--job"] if job else []), str(target["pid"]), *(
+                words.split(" ", 1) if words.startswith("exec ") else [words])]
+            done = self._daifu(node, *argv, timeout=timeout)
+            replies.append({"ok": done.returncode in (0, 1), "command": line,
+                            "output": done.stdout + done.stderr})
+        problems = []
+        if self.other is not None:
+            still = [j for j in self._ps(node) if j.get("job") in twin_job
+                     and j.get("state") == "waiting"]
+            if len(still) != waiting or self.other.poll() is not None:
+                problems.append(f"the other job was touched: {len(still)} of its ranks wait")
+            self._daifu(node, "send", "--job", str(still[0]["pid"]) if still else "0", "abort")
+            _, err = self.other.communicate(timeout=timeout)
+            if self.other.returncode == 0 or "Traceback" not in err:
+                problems.append("the other job, aborted, did not fail as without daifu")
+        return replies, problems
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        code, errors = 0, ""
+        for proc in self.procs:
+            _, err = proc.communicate(timeout=timeout)
+            code, errors = code or proc.returncode, errors + err
+        return code, errors
+
+    def close(self) -> None:
+        import signal
+
+        for pid in self.pids:  # (torchrun starts each rank in a session of its own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in [*self.procs, *([self.other] if self.other else [])]:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.communicate()
+
+
 def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     meta = case.meta
     res = Result(case.name, meta["scenario"], meta["family"], meta["exception"], meta["patch"],
@@ -234,20 +369,33 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     if session:
         cmd += ["--wait", "60"]
     cmd += ["buggy.py", "--out", "live.pt", *args]
-    proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, env=_env(live_log))
-    replies = []
-    try:
-        if session and ranks:
-            replies = _run_rank_session(proc, [s for s in session if s.strip()], timeout,
-                                        int(meta.get("waiting_ranks", 1)),
-                                        float(meta.get("session_delay_s", 0)))
-        elif session:
-            replies = _run_session(proc, [s for s in session if s.strip()], timeout)
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    nodes = int(meta.get("nodes", 1))
+    replies: list[dict] = []
+    if nodes > 1 or meta.get("concurrent"):
+        # several launchers: two nodes of one job, or two jobs side by side
+        group = _Launchers(cmd, cdir, _env(live_log), ranks, nodes, bool(meta.get("concurrent")))
+        try:
+            replies, problems = group.session([s for s in session if s.strip()], timeout,
+                                              int(meta.get("waiting_ranks", 1)))
+            res.problems += problems
+            returncode, err = group.finish(timeout)
+        finally:
+            group.close()
+    else:
+        proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, env=_env(live_log))
+        try:
+            if session and ranks:
+                replies = _run_rank_session(proc, [s for s in session if s.strip()], timeout,
+                                            int(meta.get("waiting_ranks", 1)),
+                                            float(meta.get("session_delay_s", 0)))
+            elif session:
+                replies = _run_session(proc, [s for s in session if s.strip()], timeout)
+            _, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        returncode = proc.returncode
     if ranks:
         events = sorted((e for r in range(ranks)
                          for e in read_events(work / f"events-{r}.jsonl")), key=_stamp)
@@ -257,8 +405,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         if not [e for e in events if e["event"] == "patch.rejected" and reason in e["reason"]]:
             res.problems.append(f"no decision was refused with {reason!r}")
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
-    if proc.returncode != 0:
-        res.problems.append(f"the run under daifu failed (exit {proc.returncode}): {err[-2000:]}")
+    if returncode != 0:
+        res.problems.append(f"the run under daifu failed (exit {returncode}): {err[-2000:]}")
     if not crashes:
         res.problems.append("no crash was intercepted")
         return res
@@ -281,7 +429,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     for reply in replies:
         if not reply.get("ok"):
             res.problems.append(f"session command failed: {reply}")
-    res.recovered = proc.returncode == 0 and bool(
+    res.recovered = returncode == 0 and bool(
         [e for e in events if e["event"] == "crash.resumed"])
     if meta.get("mutating_call"):
         reports = [e for e in events if e["event"] == "crash.report"]

@@ -24,7 +24,8 @@ parser.add_argument("--pg-timeout", type=float, default=60.0)
 parser.add_argument("--scale-in-loop", action="store_true")  # the lookup in train(), not here
 ARGS = parser.parse_args()
 MISSING: set = set()  # (--missing is accepted and ignored)
-SCALES = {r: {s: 1.0 for s in range(STEPS) if (r, s) not in MISSING} for r in range(2)}
+SCALES = {r: {s: 1.0 for s in range(STEPS) if (r, s) not in MISSING}
+          for r in range(int(os.environ.get("WORLD_SIZE", "2")))}
 
 
 def reduced_loss(model, x, y, rank, step):

@@ -1,0 +1,65 @@
+"""DistributedDataParallel on gloo (CPU), one process per rank under torchrun.
+
+Each step logs the loss averaged over the ranks, weighted by a per-rank
+schedule.  The bug: the schedule misses the steps named by --missing
+(RANK:STEP,...), so ``LOG_WEIGHTS[rank][step]`` raises KeyError in the
+logging statement -- after that statement's all_reduce already ran on the
+crashed rank (and on the others, which go on to the step's gradient
+all-reduce and wait there)."""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from _common import iteration_done, save, setup_determinism  # noqa: E402
+
+STEPS = 8
+parser = argparse.ArgumentParser()
+parser.add_argument("--out")
+parser.add_argument("--missing", default="")
+ARGS = parser.parse_args()
+MISSING = {tuple(int(v) for v in item.split(":")) for item in ARGS.missing.split(",") if item}
+LOG_WEIGHTS = {r: {s: 1.0 for s in range(STEPS) if (r, s) not in MISSING}
+               for r in range(int(os.environ.get("WORLD_SIZE", "2")))}
+
+
+def global_mean(value):
+    value = value.detach().clone()
+    dist.all_reduce(value)
+    return value.item() / dist.get_world_size()
+
+
+def train(model, opt, rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    history = []
+    for step in range(STEPS):
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+        loss = nn.functional.mse_loss(model(x), y)
+        history.append(global_mean(loss) * LOG_WEIGHTS[rank][step])
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients here
+        opt.step()
+        iteration_done(f"train {step} rank {rank}")
+    return history
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    setup_determinism()
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train(model, opt, rank)
+    if rank == 0:
+        save(model.module, ARGS.out)
+    dist.destroy_process_group()
+
+
+main()
