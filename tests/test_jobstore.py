@@ -121,3 +121,37 @@ def test_stacks_name_this_process_threads_and_its_line(job_store):
     assert any(name == "test_stacks_name_this_process_threads_and_its_line"
                for _, _, name, _ in main["frames"])
     assert not any(t["thread"] == "daifu-relay" for t in answer["threads"])
+
+
+def _answer(collectives, at="train.py:9 in main"):
+    return {"ok": True, "threads": [], "collectives": collectives, "at": at, "innermost": at}
+
+
+def _c(seq, name="all_reduce", sizes=((4,),), where="train.py:20 in main", pg="0"):
+    return {"pg": pg, "seq": seq, "name": name, "sizes": [list(s) for s in sizes],
+            "record": seq, "where": where}
+
+
+def test_the_doctor_names_the_rank_behind_and_the_collective_that_differs():
+    from daifu.engine._doctor import diagnose
+
+    # rank 1 issued one all_reduce fewer: the others wait in #3
+    behind = diagnose({0: _answer([_c(1), _c(2), _c(3)]),
+                       1: _answer([_c(1), _c(2)], at="train.py:31 in load_batch")})
+    assert behind[0].startswith("rank 1 is behind in process group 0: its last collective is "
+                                "#2 all_reduce [[4]] at train.py:20 in main; rank 0 issued #3")
+    assert behind[1] == "  rank 1 is at train.py:31 in load_batch"
+    # same count, but rank 1's second collective has other sizes (a padded tensor)
+    sizes = diagnose({0: _answer([_c(1), _c(2)]),
+                      1: _answer([_c(1), _c(2, sizes=((5,),), where="train.py:24 in main")])})
+    assert sizes == ["collective #2 of process group 0 differs between the ranks:",
+                     "  rank 0: #2 all_reduce [[4]] at train.py:20 in main",
+                     "  rank 1: #2 all_reduce [[5]] at train.py:24 in main"]
+    # another order: a broadcast where the others all_reduce
+    order = diagnose({0: _answer([_c(1), _c(2)]), 1: _answer([_c(1), _c(2, name="broadcast")])})
+    assert "collective #2 of process group 0 differs" in order[0]
+    assert diagnose({0: _answer([_c(1)]), 1: _answer([_c(1)])}) == []  # in step
+    # no flight recorder: where the main threads are
+    blind = diagnose({0: _answer(None, at="x/torch/distributed/distributed_c10d.py:3252"),
+                      1: _answer(None, at="train.py:31 in load_batch")})
+    assert blind[0].startswith("ranks 0 wait in a collective; rank 1 is elsewhere (behind)")
