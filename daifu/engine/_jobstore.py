@@ -51,6 +51,8 @@ _SKEW_S = 60.0
 _FRESH_S = 600.0
 #: the relay's wait on its queue (a store client times out after this; it then waits again)
 _RELAY_WAIT_S = 7 * 86400.0
+#: how long a client tries to reach the store
+_CONNECT_S = 20.0
 
 
 def enabled() -> bool:
@@ -74,6 +76,9 @@ def _client(addr: str, port: int, timeout_s: float):
 
     import torch.distributed as dist
 
+    # a store that is not there: said here, in one line (TCPStore's own client
+    # retries for the whole timeout and prints a C++ stack to stderr)
+    socket.create_connection((addr, port), timeout=min(timeout_s, 10.0)).close()
     return dist.TCPStore(addr, port, is_master=False, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=timeout_s))
 
@@ -107,18 +112,29 @@ class Relay(threading.Thread):
 
     def run(self) -> None:
         try:
-            store = _client(self.addr, self.port, _RELAY_WAIT_S)
+            # a store that is not there is given up quickly (its client would
+            # retry, and say so on the job's stderr); once connected, the wait
+            # for a command has no end
+            store = _client(self.addr, self.port, _CONNECT_S)
+            if not hasattr(store, "queue_pop"):
+                return  # (a PyTorch without store queues: this node's sockets serve)
+            import datetime
+
+            store.set_timeout(datetime.timedelta(seconds=_RELAY_WAIT_S))
             store.set(_fingerprint_key(self.job, self.rank), fingerprint(self.key, self.job))
-            replies = store.clone()  # (answers go out while the next command is awaited)
         except Exception:
             return  # no store to reach: this node's sockets still serve
         place = f"cmd|{self.job}|{self.rank}"
-        while True:
+        failures = 0
+        while not self._stopping.is_set():
             try:
                 text = store.queue_pop(_queue(self.job, self.rank), True)
+                failures = 0
             except Exception:
-                if _store_gone(store):
+                failures += 1
+                if failures > 5 or _store_gone(store):
                     return  # the job's store went away (the job ends)
+                time.sleep(1.0)
                 continue
             if self._stopping.is_set():
                 return
@@ -126,14 +142,19 @@ class Relay(threading.Thread):
                 message = self._accept(unseal(self.key, place, text))
             except (SealError, ValueError, TypeError):
                 continue  # not from this user (or altered, moved, replayed): dropped
-            if message is None:
-                continue
-            answer = _answer(message, self.rank)
-            try:  # (the rank in the clear: which seal to check it against)
-                replies.queue_push(message["reply"], f"{self.rank} " + seal(
-                    self.key, f"reply|{self.job}|{self.rank}|{message['id']}", answer))
-            except Exception:
-                continue
+            if message is not None:
+                self._reply(message, _answer(message, self.rank))
+
+    def _reply(self, message: dict, answer: dict) -> None:
+        """Push the sealed answer (through a connection of its own, made for
+        it: the relay's is the one that waits for commands)."""
+        try:
+            out = _client(self.addr, self.port, _CONNECT_S)
+            # (the rank in the clear: which seal the client checks it against)
+            out.queue_push(message["reply"], f"{self.rank} " + seal(
+                self.key, f"reply|{self.job}|{self.rank}|{message['id']}", answer))
+        except Exception:
+            pass
 
     def _accept(self, message: dict) -> dict | None:
         """The command, if it is fresh and new; else None."""
@@ -322,19 +343,20 @@ class Channel:
         self.job, self.world = job, world
 
     @classmethod
-    def for_job(cls, info: dict) -> Channel | None:
-        """The channel of the job a job file or status describes; None when it
-        has no store to reach it through (or the relay is turned off)."""
-        if not enabled() or "job" not in info or not info.get("world_size"):
-            return None
+    def for_job(cls, info: dict) -> Channel:
+        """The channel of the job a job file or status describes; raises
+        ``StoreError`` saying why there is none."""
+        if not enabled():
+            raise StoreError(f"{RELAY_ENV}=0")
         store = info.get("store")
-        if not isinstance(store, str) or ":" not in store:
-            return None
+        if "job" not in info or not info.get("world_size") or not isinstance(store, str) \
+                or ":" not in store:
+            raise StoreError("the job has no store address (MASTER_ADDR, MASTER_PORT)")
         addr, _, port = store.rpartition(":")
         try:
             return cls(info["job"], addr, int(port), int(info["world_size"]))
-        except (StoreError, ValueError):
-            return None
+        except ValueError:
+            raise StoreError(f"not a store address: {store!r}") from None
 
     def other_keys(self) -> list[int]:
         """Ranks whose relay holds another key than this client (their commands
@@ -399,7 +421,13 @@ class JobRanks:
     def __init__(self, info: dict):
         self.job = str(info.get("job"))
         self.world = int(info.get("world_size") or 0)
-        self.channel = Channel.for_job(info)
+        self.channel: Channel | None = None
+        #: why the ranks are reached on this machine only
+        self.local_only = ""
+        try:
+            self.channel = Channel.for_job(info)
+        except StoreError as exc:
+            self.local_only = str(exc)
 
     @property
     def everywhere(self) -> bool:
@@ -459,8 +487,8 @@ class JobRanks:
             return ""
         names = ", ".join(map(str, missing))
         if self.channel is None:
-            return (f"rank{'s' if len(missing) > 1 else ''} {names}: not on this machine, or "
-                    "not a daifu job (the job has no store address to reach other nodes)")
+            return (f"rank{'s' if len(missing) > 1 else ''} {names}: not on this machine (ranks "
+                    f"elsewhere are reached through the job's store; here: {self.local_only})")
         keys = self.channel.other_keys()
         other = [r for r in missing if r in keys]
         if other:
