@@ -581,7 +581,8 @@ class Engine:
             patch.result = f"forgot {n} standing answer{'s' if n != 1 else ''}"
         else:
             lines = [f"  {exc} at {filename}:{line} ({statement}): {said.value}"
-                     + (f" after {len(execs)} exec patch(es)" if execs else "")
+                     + (f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}"
+                        if execs else "")
                      for (filename, line, statement, exc), (said, execs, _)
                      in self.always.items()]
             patch.result = "\n".join(lines) or "no standing answers (always DECISION sets one)"
