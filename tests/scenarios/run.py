@@ -220,9 +220,12 @@ class _Launchers:
             twin = cwd.parent / f"{cwd.name}-twin"
             shutil.copytree(cwd, twin)
             for where in (cwd, twin):
+                # (the twin logs elsewhere: its events are not the case's)
+                argv = tail if where == cwd else [
+                    a.replace("events-{rank}", "twin-events-{rank}") for a in tail]
                 self.procs.append(subprocess.Popen(
                     [*run, "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-                     "--master-port", str(_free_port()), *tail], cwd=where,
+                     "--master-port", str(_free_port()), *argv], cwd=where,
                     env={**env, "DAIFU_BENCH_LOG": env["DAIFU_BENCH_LOG"] if where == cwd
                          else str(cwd.parent / "twin.iter")},
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
