@@ -570,9 +570,9 @@ class Console(cmd.Cmd):
     def _job_ranks(self):
         """(the job's ranks, the *other* ranks that wait on a crash, every
         rank's status that answered), or None outside a distributed job."""
-        from ._jobstore import JobRanks, this_job
+        from ._jobstore import JobRanks
 
-        info = this_job()
+        info = _events.job_file_info()
         if info.get("job") is None:
             self.ok = False
             self.say("this process is not a rank of a distributed job")

@@ -612,6 +612,17 @@ def distributed() -> dict[str, Any]:
     return out
 
 
+def job_file_info() -> dict[str, Any]:
+    """``distributed()`` plus the job's store (``MASTER_ADDR:MASTER_PORT``),
+    through which clients on any node reach every rank (``_jobstore``): what
+    a rank's job file says of its job; {} outside one."""
+    info = distributed()
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if info and addr and port:
+        info["store"] = f"{addr}:{port}"
+    return info
+
+
 def job_identity(env: Any) -> str | None:
     """One name for every rank of one job, and for no other job's.
 

@@ -59,16 +59,6 @@ def enabled() -> bool:
     return os.environ.get(RELAY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def store_address(env: Any = None) -> tuple[str, int] | None:
-    """The job's store (torchrun's ``MASTER_ADDR``/``MASTER_PORT``), if any."""
-    env = os.environ if env is None else env
-    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
-    try:
-        return (addr, int(port)) if addr and port else None
-    except ValueError:
-        return None
-
-
 def _client(addr: str, port: int, timeout_s: float):
     """A TCPStore client of daifu's own (a client serves one request at a
     time: the job's own store client must never wait behind daifu's)."""
@@ -306,13 +296,13 @@ def start_relay() -> None:
     if _relay or not enabled():
         return
     try:
-        from ._events import distributed
+        from ._events import job_file_info
 
-        where, address = distributed(), store_address()
-        if address is None or "job" not in where or "rank" not in where:
+        where = job_file_info()
+        if "store" not in where or "job" not in where or "rank" not in where:
             return
-        relay = Relay(where["job"], address[0], address[1], int(where["rank"]),
-                      load_key(create=True))
+        addr, _, port = where["store"].rpartition(":")
+        relay = Relay(where["job"], addr, int(port), int(where["rank"]), load_key(create=True))
     except (SealError, ValueError):
         return  # (no key to be had: this node's sockets still serve)
     _relay.append(relay)
@@ -532,14 +522,3 @@ def place(status: dict) -> str:
     host = status.get("host")
     return f"pid {status.get('pid')}" + (f" on {host}" if host and host !=
                                           socket.gethostname() else "")
-
-
-def this_job() -> dict:
-    """This process's job, as a job file describes it ({} outside one)."""
-    from ._events import distributed
-
-    info = distributed()
-    address = store_address()
-    if info and address is not None:
-        info["store"] = f"{address[0]}:{address[1]}"
-    return info

@@ -250,10 +250,10 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     # everything checked: apply
     for fn, code in installs:
         fn.__code__ = code
-    for running, index, code, change in definitions:
+    for running, index, code, change, who in definitions:
         if not set_const(running, index, code):
-            change.detail = change.detail.split(":")[0] + ": keeps making the old function " \
-                "(its code object could not be changed in place)"
+            change.detail = (f"{who} keeps making the old function (its code object could not "
+                             "be changed in place)")
     for change, install in added:
         install()
         result.changes.append(change)
@@ -407,11 +407,11 @@ def _added_functions(files: dict[str, _File], known: set[str]):
 
 
 def _running_definitions(crash: Crash, files: dict[str, _File], result: ReloadResult
-                         ) -> list[tuple[types.CodeType, int, types.CodeType, Change]]:
+                         ) -> list[tuple[types.CodeType, int, types.CodeType, Change, str]]:
     """The ``def`` statements of code that keeps running on the crashed stack
     -- module-level code, callers that do not continue in their new code, a
     crashed frame that is retried in its old code -- whose functions changed:
-    ``(running code, constant index, new code, change)`` for each.  Pointing
+    ``(running code, constant index, new code, change, who runs it)`` for each.  Pointing
     those constants at the new code (``cells.set_const``) makes a ``def`` in
     a running loop make the new function from its next iteration on."""
     out = []
@@ -430,22 +430,24 @@ def _running_definitions(crash: Crash, files: dict[str, _File], result: ReloadRe
                 continue
             old_plain = original_code(const)
             found = f.find(const.co_qualname, old_plain.co_firstlineno)
-            status = _compare(old_plain, found[0]) if isinstance(found, tuple) else "same"
+            if not isinstance(found, tuple):
+                continue
+            status = _compare(old_plain, found[0])
             if status == "same":
                 continue
-            assert isinstance(found, tuple)
             where = "the crashed frame" if level == 0 else f"caller frame {level}"
-            runs = "module code" if code.co_name == "<module>" else f"{code.co_qualname}()"
-            if const.co_freevars != found[1].co_freevars:
-                result.changes.append(Change(const.co_qualname, f.filename, "error", (
-                    f"{runs} in {where} keeps making the old function: its closure "
-                    "variables changed")))
-                continue
-            change = Change(const.co_qualname, f.filename, status, (
-                f"{runs} in {where} keeps its own code: the def at line "
-                f"{old_plain.co_firstlineno} makes the new function from now on"))
+            who = ("module code" if code.co_name == "<module>" else
+                   f"{code.co_qualname}()") + f" in {where}"
+            change = Change(const.co_qualname, f.filename, status)
             result.changes.append(change)
-            out.append((code, index, found[1], change))
+            if const.co_freevars != found[1].co_freevars:
+                change.status = "error"
+                change.detail = f"{who} keeps making the old function: its closure variables " \
+                    "changed"
+                continue
+            change.detail = (f"{who} keeps its own code: the def at line "
+                             f"{old_plain.co_firstlineno} makes the new function from now on")
+            out.append((code, index, found[1], change, who))
     return out
 
 

@@ -315,16 +315,12 @@ def _register_job(script, module, args, cfg) -> None:
     import threading
 
     from ..engine._break import serve_break
-    from ..engine._events import distributed
+    from ..engine._events import job_file_info
     from ..engine._rundir import serve_stacks
 
-    where = distributed()
-    if where and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        # the job's store: clients on any node reach every rank through it (_jobstore)
-        where["store"] = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
-            "log": cfg.log, "journal": cfg.journal, **where,
+            "log": cfg.log, "journal": cfg.journal, **job_file_info(),
             "stacks_signal": serve_stacks(), "break_signal": serve_break(),
             "main_thread": f"{threading.main_thread().ident:#018x}"}
     if register_job(info) is not None:
