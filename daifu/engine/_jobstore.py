@@ -93,6 +93,7 @@ class Relay(threading.Thread):
         self.started_at = time.time()
         self._seen: dict[str, float] = {}  # command id -> when it was issued
         self._stopping = threading.Event()
+        self._out: Any = None  # the store client answers go out on (made at the first command)
 
     def stop(self, store) -> None:
         """End the relay (``store``: a client of the same store, to wake it)."""
@@ -136,12 +137,14 @@ class Relay(threading.Thread):
                 self._reply(message, _answer(message, self.rank))
 
     def _reply(self, message: dict, answer: dict) -> None:
-        """Push the sealed answer (through a connection of its own, made for
-        it: the relay's is the one that waits for commands)."""
+        """Push the sealed answer, through a second connection made at the
+        first command and kept (the relay's first one waits for commands; a
+        store client made and dropped per answer would churn connections)."""
         try:
-            out = _client(self.addr, self.port, _CONNECT_S)
+            if self._out is None:
+                self._out = _client(self.addr, self.port, _CONNECT_S)
             # (the rank in the clear: which seal the client checks it against)
-            out.queue_push(message["reply"], f"{self.rank} " + seal(
+            self._out.queue_push(message["reply"], f"{self.rank} " + seal(
                 self.key, f"reply|{self.job}|{self.rank}|{message['id']}", answer))
         except Exception:
             pass
