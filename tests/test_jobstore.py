@@ -155,3 +155,51 @@ def test_the_doctor_names_the_rank_behind_and_the_collective_that_differs():
     blind = diagnose({0: _answer(None, at="x/torch/distributed/distributed_c10d.py:3252"),
                       1: _answer(None, at="train.py:31 in load_batch")})
     assert blind[0].startswith("ranks 0 wait in a collective; rank 1 is elsewhere (behind)")
+
+
+_EXITING_RANK = """
+import atexit, datetime, sys, time
+import torch.distributed as dist
+from daifu.engine import _jobstore
+_jobstore.start_relay()
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
+                      timeout=datetime.timedelta(seconds=20))
+deadline = time.monotonic() + 20
+while not store.check([_jobstore._fingerprint_key(sys.argv[2], 0)]):
+    assert time.monotonic() < deadline, "the relay never reached the store"
+    time.sleep(0.02)
+atexit.register(lambda: store.set("exiting", "1"))  # (atexit: after threads' shutdown hooks)
+"""
+
+
+@pytest.mark.slow
+def test_a_command_that_comes_while_a_rank_exits_does_not_kill_it(tmp_path, monkeypatch):
+    """The relay leaves the store before the interpreter finalizes: a daemon
+    thread whose ``queue_pop`` returned during finalization would end in
+    ``std::terminate`` (SIGABRT) -- a job that did all its work would die at
+    exit (seen under torchrun when ``ps`` polled the ranks of an ending job)."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import datetime
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from daifu.engine import _jobstore
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    job = f"run@127.0.0.1:{server.port}"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "RANK": "0",
+           "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "run",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port)}
+    child = subprocess.Popen([sys.executable, "-c", _EXITING_RANK, str(server.port), job],
+                             env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        server.wait(["exiting"], datetime.timedelta(seconds=60))
+        time.sleep(0.02)  # (the child is finalizing now: it takes longer with torch loaded)
+        server.queue_push(_jobstore._queue(job, 0), b"a command, late")
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err
+    assert "terminate called" not in err

@@ -53,6 +53,8 @@ _FRESH_S = 600.0
 _RELAY_WAIT_S = 7 * 86400.0
 #: how long a client tries to reach the store
 _CONNECT_S = 20.0
+#: how long the end of a job waits to wake its relay and see it leave the store (s)
+_STOP_S = 2.0
 
 
 def enabled() -> bool:
@@ -95,11 +97,27 @@ class Relay(threading.Thread):
         self._stopping = threading.Event()
         self._out: Any = None  # the store client answers go out on (made at the first command)
 
-    def stop(self, store) -> None:
-        """End the relay (``store``: a client of the same store, to wake it)."""
+    def stop(self, store: Any = None, timeout_s: float = _STOP_S) -> None:
+        """End the relay and wait for it (never raises; ``store``: a client of
+        the same store to wake it with, else one is made).
+
+        Run before the interpreter finalizes (``start_relay`` registers it
+        with ``threading``'s shutdown): a daemon thread still blocked in the
+        store's ``queue_pop`` when finalization begins is killed by
+        ``pthread_exit`` the moment the call returns (a command, or the store
+        closing), and that unwinds through C++ frames that must not unwind:
+        ``std::terminate``, SIGABRT -- a job that finished its work dies at
+        exit.  Woken by a ``stop`` in its own queue, it leaves the store first."""
         self._stopping.set()
-        store.queue_push(_queue(self.job, self.rank), b"stop")
-        self.join(10.0)
+        if not self.is_alive():
+            return
+        try:
+            if store is None:
+                store = _client(self.addr, self.port, timeout_s)
+            store.queue_push(_queue(self.job, self.rank), b"stop")
+        except Exception:
+            return  # (no store to reach: the relay's own wait fails and it ends)
+        self.join(timeout_s)
 
     def run(self) -> None:
         try:
@@ -310,6 +328,10 @@ def start_relay() -> None:
         return  # (no key to be had: this node's sockets still serve)
     _relay.append(relay)
     relay.start()
+    try:  # stopped when the main thread ends, before anything is finalized (see stop)
+        threading._register_atexit(relay.stop)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        pass  # (the interpreter is already shutting down)
 
 
 # -- the clients' side ------------------------------------------------------------------

@@ -98,7 +98,9 @@ def load_cases(names: list[str] | None = None, fast: bool = False) -> list[Case]
 
 
 def _env(log: Path) -> dict:
-    env = dict(os.environ, PYTHONHASHSEED="0", DAIFU_BENCH_LOG=str(log), OMP_NUM_THREADS="1")
+    # (PYTHONFAULTHANDLER: a process killed by a signal prints every thread's stack)
+    env = dict(os.environ, PYTHONHASHSEED="0", DAIFU_BENCH_LOG=str(log), OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")
     env.pop("DAIFU_MODULES", None)
     return env
 
@@ -286,10 +288,15 @@ class _Launchers:
         return replies, problems
 
     def finish(self, timeout: float) -> tuple[int, str]:
+        """The first non-zero exit code, and the end of every launcher's
+        stderr (a rank that dies takes the others down with it: the first to
+        fail is seldom the last to print)."""
         code, errors = 0, ""
-        for proc in self.procs:
+        for node, proc in enumerate(self.procs):
             _, err = proc.communicate(timeout=timeout)
-            code, errors = code or proc.returncode, errors + err
+            code = code or proc.returncode
+            if proc.returncode:
+                errors += f"\n--- launcher {node} (exit {proc.returncode}):\n{err[-1500:]}"
         return code, errors
 
     def close(self) -> None:
@@ -409,7 +416,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
             res.problems.append(f"no decision was refused with {reason!r}")
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
     if returncode != 0:
-        res.problems.append(f"the run under daifu failed (exit {returncode}): {err[-2000:]}")
+        res.problems.append(f"the run under daifu failed (exit {returncode}): {err[-3500:]}")
     if not crashes:
         res.problems.append("no crash was intercepted")
         return res
