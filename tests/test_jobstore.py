@@ -113,6 +113,51 @@ def test_a_command_is_taken_once_and_only_while_fresh(job_store):
     assert _seal.unseal(key, "reply|j|0|once", answer[2:])["state"] == "running"
 
 
+def test_a_command_whose_client_stopped_waiting_is_dropped_unanswered(job_store):
+    # a client that polls a busy rank gives up and asks again: the relay must
+    # not answer every abandoned command first, falling ever further behind
+    server, channel, _jobstore = job_store
+    server.queue_push(_jobstore._queue("j", 0), _seal.seal(channel.key, "cmd|j|0", {
+        "op": "status", "id": "late", "t": time.time(), "reply": "daifu/relay/j/r/gone",
+        "live": "daifu/relay/j/r/gone/live"}))
+    assert channel.ask(None, {"op": "status"}, 5.0)[0]["state"] == "running"
+    assert server.queue_len("daifu/relay/j/r/gone") == 0
+
+
+def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
+    # (a busy machine slow to accept; a launcher whose rank 0 makes the store later)
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import socket
+
+    import torch.distributed as dist
+
+    from daifu.engine import _jobstore
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    relay = _jobstore.Relay("late", "127.0.0.1", port, 0, _seal.load_key())
+    relay.start()
+    time.sleep(1.0)
+    assert relay.is_alive()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    try:
+        channel = _jobstore.Channel("late", "127.0.0.1", port, 1)
+        answers = channel.ask(None, {"op": "status"}, 15.0)
+        assert answers[0]["pid"] == os.getpid()
+    finally:
+        relay.stop(server)
+    assert not relay.is_alive()
+    # stopped before it ever connected: it ends at once
+    waiting = _jobstore.Relay("never", "127.0.0.1", port + 1 if port < 65535 else port - 1, 0,
+                              _seal.load_key())
+    waiting.start()
+    started = time.monotonic()
+    waiting.stop()
+    assert not waiting.is_alive() and time.monotonic() - started < 2.0
+
+
 def test_stacks_name_this_process_threads_and_its_line(job_store):
     _, channel, _ = job_store
     answer = channel.ask(None, {"op": "stacks"}, 5.0)[0]

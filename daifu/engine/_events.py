@@ -239,6 +239,17 @@ class TimeoutExtended(Event):
 
 
 @event
+class RelayUnavailable(Event):
+    """A rank's relay (``_jobstore``) could not reach the job's store: the
+    rank is reached through this machine's control socket only."""
+
+    event: ClassVar[str] = "relay.unavailable"
+    level: ClassVar[str] = "warning"
+    store: str
+    reason: str
+
+
+@event
 class RuleFailed(Event):
     event: ClassVar[str] = "rule.failed"
     level: ClassVar[str] = "error"

@@ -53,6 +53,10 @@ _FRESH_S = 600.0
 _RELAY_WAIT_S = 7 * 86400.0
 #: how long a client tries to reach the store
 _CONNECT_S = 20.0
+#: how long a relay keeps trying to reach a store that is not there yet (s;
+#: a launcher that sets MASTER_ADDR/MASTER_PORT without running a store has
+#: rank 0's init_process_group make it, later), and its longest pause between tries
+_REACH_S, _REACH_PAUSE_S = 600.0, 10.0
 #: how long the end of a job waits to wake its relay and see it leave the store (s)
 _STOP_S = 2.0
 
@@ -95,6 +99,8 @@ class Relay(threading.Thread):
         self.started_at = time.time()
         self._seen: dict[str, float] = {}  # command id -> when it was issued
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting = False  # connected, and waiting on its queue
         self._out: Any = None  # the store client answers go out on (made at the first command)
 
     def stop(self, store: Any = None, timeout_s: float = _STOP_S) -> None:
@@ -108,8 +114,11 @@ class Relay(threading.Thread):
         closing), and that unwinds through C++ frames that must not unwind:
         ``std::terminate``, SIGABRT -- a job that finished its work dies at
         exit.  Woken by a ``stop`` in its own queue, it leaves the store first."""
-        self._stopping.set()
-        if not self.is_alive():
+        with self._lock:
+            self._stopping.set()
+            waiting = self._waiting
+        if not waiting:  # (not connected yet: it sees the flag before it waits)
+            self.join(timeout_s)
             return
         try:
             if store is None:
@@ -119,20 +128,42 @@ class Relay(threading.Thread):
             return  # (no store to reach: the relay's own wait fails and it ends)
         self.join(timeout_s)
 
-    def run(self) -> None:
-        try:
-            # a store that is not there is given up quickly (its client would
-            # retry, and say so on the job's stderr); once connected, the wait
-            # for a command has no end
-            store = _client(self.addr, self.port, _CONNECT_S)
-            if not hasattr(store, "queue_pop"):
-                return  # (a PyTorch without store queues: this node's sockets serve)
-            import datetime
+    def _connect(self) -> Any:
+        """The client the relay waits on, once the store answers (tried again,
+        with growing pauses, for ``_REACH_S``: a machine under load may be
+        slow to accept, and some launchers start the store later); None when
+        it never does, or the relay is stopped first."""
+        import datetime
 
-            store.set_timeout(datetime.timedelta(seconds=_RELAY_WAIT_S))
-            store.set(_fingerprint_key(self.job, self.rank), fingerprint(self.key, self.job))
-        except Exception:
-            return  # no store to reach: this node's sockets still serve
+        deadline, pause, reason = time.monotonic() + _REACH_S, 0.5, ""
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            try:
+                # a store that is not there is said quickly (its client would
+                # retry, and say so on the job's stderr); once connected, the
+                # wait for a command has no end
+                store = _client(self.addr, self.port, _CONNECT_S)
+                if not hasattr(store, "queue_pop"):
+                    reason = "this PyTorch's TCPStore has no queues"
+                    break
+                store.set_timeout(datetime.timedelta(seconds=_RELAY_WAIT_S))
+                store.set(_fingerprint_key(self.job, self.rank), fingerprint(self.key, self.job))
+                return store
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self._stopping.wait(pause)
+            pause = min(pause * 2, _REACH_PAUSE_S)
+        if reason and not self._stopping.is_set():
+            from ._events import RelayUnavailable, emit
+
+            emit(RelayUnavailable(store=f"{self.addr}:{self.port}", reason=reason))
+        return None
+
+    def run(self) -> None:
+        store = self._connect()
+        with self._lock:
+            if store is None or self._stopping.is_set():
+                return  # no store to reach: this node's sockets still serve
+            self._waiting = True
         place = f"cmd|{self.job}|{self.rank}"
         failures = 0
         while not self._stopping.is_set():
@@ -151,7 +182,7 @@ class Relay(threading.Thread):
                 message = self._accept(unseal(self.key, place, text))
             except (SealError, ValueError, TypeError):
                 continue  # not from this user (or altered, moved, replayed): dropped
-            if message is not None:
+            if message is not None and not _abandoned(store, message):
                 self._reply(message, _answer(message, self.rank))
 
     def _reply(self, message: dict, answer: dict) -> None:
@@ -181,6 +212,19 @@ class Relay(threading.Thread):
         for old in [k for k, t in self._seen.items() if t < now - _FRESH_S]:
             del self._seen[old]
         return message
+
+
+def _abandoned(store, message: dict) -> bool:
+    """Has the client that sent ``message`` stopped waiting for its answer?
+    (Its commands are then dropped unanswered: a relay slowed down by a busy
+    machine must not fall ever further behind a client that polls.)"""
+    live = message.get("live")
+    if not isinstance(live, str) or not live.startswith(_PREFIX):
+        return False
+    try:
+        return not store.check([live])
+    except Exception:
+        return False
 
 
 def _store_gone(store) -> bool:
@@ -394,10 +438,13 @@ class Channel:
 
         targets = list(range(self.world)) if ranks is None else list(ranks)
         reply_queue = f"{_PREFIX}{self.job}/r/{uuid.uuid4().hex}"
+        live = f"{reply_queue}/live"  # there while this client waits (``_abandoned``)
+        self.store.set(live, b"1")
         idents: dict[int, str] = {}
         for rank in targets:
             ident = idents[rank] = uuid.uuid4().hex
             payload = {**message, "id": ident, "t": time.time(), "reply": reply_queue,
+                       "live": live,
                        "origin": message.get("origin") or
                        f"store:{socket.gethostname()}:pid{os.getpid()}"}
             self.store.queue_push(_queue(self.job, rank),
@@ -420,10 +467,11 @@ class Channel:
                                            text)
                 except SealError:
                     continue  # not the rank's answer: someone else's writing
-        try:
-            self.store.delete_key(reply_queue)
-        except Exception:
-            pass
+        for name in (live, reply_queue):
+            try:
+                self.store.delete_key(name)
+            except Exception:
+                pass
         return answers
 
 

@@ -261,7 +261,9 @@ class _Launchers:
             if len([j for j in ranks if j.get("state") == "waiting"]) >= others:
                 break
             if any(p.poll() is not None for p in self.procs) or time.monotonic() > deadline:
-                return [], [f"{others} rank(s) never waited on a crash"]
+                seen = ", ".join(f"rank {j.get('rank')} {j.get('state')}" for j in ranks)
+                return [], [f"{others} rank(s) never waited on a crash (the last ps from node "
+                            f"{node} listed: {seen or 'none'})"]
             time.sleep(0.3)
         target = next(j for j in self._mine(ranks) if j.get("host") is None)
         twin_job = {j["job"] for j in ranks} - {target["job"]}
@@ -296,7 +298,12 @@ class _Launchers:
             _, err = proc.communicate(timeout=timeout)
             code = code or proc.returncode
             if proc.returncode:
-                errors += f"\n--- launcher {node} (exit {proc.returncode}):\n{err[-1500:]}"
+                # the ranks print before the launcher's own traceback, which
+                # says only that they failed: show the ranks' end, then its summary
+                cut = err.rfind("Traceback (most recent call last)")
+                ranks = err[:cut] if cut > 0 else ""
+                errors += (f"\n--- launcher {node} (exit {proc.returncode}):\n"
+                           f"{ranks[-2500:]}\n[launcher]\n{err[-700:]}")
         return code, errors
 
     def close(self) -> None:
@@ -415,8 +422,12 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         if not [e for e in events if e["event"] == "patch.rejected" and reason in e["reason"]]:
             res.problems.append(f"no decision was refused with {reason!r}")
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    if returncode != 0 and ranks:
+        for r in range(ranks):
+            said = [e["event"] for e in read_events(work / f"events-{r}.jsonl")]
+            res.problems.append(f"rank {r} logged: {', '.join(said) or 'nothing'}")
     if returncode != 0:
-        res.problems.append(f"the run under daifu failed (exit {returncode}): {err[-3500:]}")
+        res.problems.append(f"the run under daifu failed (exit {returncode}): {err[-8000:]}")
     if not crashes:
         res.problems.append("no crash was intercepted")
         return res

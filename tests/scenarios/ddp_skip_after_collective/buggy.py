@@ -59,6 +59,15 @@ def main():
     train(model, opt, rank)
     if rank == 0:
         save(model.module, ARGS.out)
+    # DDP's objects are freed while Python still runs: left to the collection
+    # at interpreter exit, the process group goes with them there, and one of
+    # gloo's threads may then free a Python object -- torch 2.13 aborts
+    # (SIGABRT, "terminate called without an active exception"; a few runs in
+    # a hundred under load, with or without daifu)
+    del model, opt
+    import gc
+
+    gc.collect()
     dist.destroy_process_group()
 
 
