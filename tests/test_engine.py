@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 
@@ -309,6 +310,82 @@ def test_caller_in_a_target_file_that_catches_is_respected():
     with capture_logs() as logs:
         assert ns["caller_catches"]([0]) == "handled by caller"
     assert logs == []
+
+
+EAFP = '''
+import gc, weakref
+
+class Big:
+    pass
+
+def lookup(d, k):
+    big = Big()  # a local of a frame the exception leaves
+    BIGS.append(weakref.ref(big))
+    return d[k]
+
+def via(d, k, depth):
+    if depth:
+        return via(d, k, depth - 1)
+    return lookup(d, k)
+
+def loop(n):
+    hits = 0
+    for i in range(n):
+        try:
+            via({}, i, 5)
+        except KeyError:
+            hits += 1
+    gc.collect()
+    return hits
+
+BIGS = []
+'''
+
+
+def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(monkeypatch):
+    # 7 vaccinated frames, 7 barriers per raise: the first finds the handler
+    # in loop(); the others see that the exception travelled to them from
+    # there and re-raise at once, without asking the engine
+    ns = vaccinate(EAFP, entries=("lookup", "via", "loop"))
+    asked = []
+    judge = ENGINE.on_exception
+    monkeypatch.setattr(ENGINE, "on_exception",
+                        lambda *a: asked.append(a[4].f_code.co_name) or judge(*a))
+    assert ns["loop"](10) == 10
+    assert asked == ["lookup"] * 10
+    # ... and nothing of it is kept: the frames' locals are freed as without daifu
+    assert [r() for r in ns["BIGS"]] == [None] * 10
+
+
+def test_a_new_exception_at_an_old_ones_address_is_judged_anew():
+    # in a loop every exception (and traceback, and frame) is made where the
+    # last one was: ids alone would take a crash for the handled exception
+    # before it, on its way to the same handler
+    from daifu.engine import _guards
+
+    def raising():
+        raise KeyError("k")
+
+    def catcher():
+        try:
+            raising()
+        except KeyError as exc:
+            return exc, sys._getframe()
+
+    exc, frame = catcher()
+    head = exc.__traceback__
+    inner = head.tb_next.tb_frame
+    # a remembered catch whose every id matches, but this exception never left
+    # a barrier below: the first barrier it meets looks for itself
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, id(head.tb_next))
+    assert not _guards.caught_above(exc, inner)
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, id(head))
+    assert not _guards.caught_above(exc, frame)  # (head == last seen: it has not moved)
+    _guards._seen.caught = (ValueError, id(exc), 0, None, id(head.tb_next))
+    assert not _guards.caught_above(exc, frame)  # another type
+    _guards._seen.caught = (KeyError, id(exc), 0, None, id(head.tb_next))
+    assert _guards.caught_above(exc, frame)  # it travelled here from there
+    _guards._seen.caught = None
 
 
 def test_caller_that_logs_and_reraises_does_not_count_as_handling():

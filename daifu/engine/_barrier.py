@@ -9,6 +9,7 @@ import types
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
+from ._guards import caught_above
 
 
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:
@@ -17,6 +18,11 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
     re-raise the exception exactly as it was; a retry, skip or continue as
     the number the stub of that very cell dispatches on).  Never raises."""
     try:
+        frame = sys._getframe(1)
+        # the program's own exception on its way to the frame a barrier below
+        # found to catch it (``caught_above``): re-raise at once
+        if caught_above(exc, frame) and not ENGINE._pending and not ENGINE._forward:
+            return RAISE_CODE
         try:  # (``cells.resolve``, inlined: this runs for every exception a cell sees)
             cell = _INFOS[ref[1]].cells[ref[2]]
             if cell.index != ref[2]:
@@ -25,7 +31,6 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
             cell = resolve(ref)
             if cell is None:  # code of a vaccination this process does not know
                 return RAISE_CODE
-        frame = sys._getframe(1)
         answer = ENGINE.on_exception(exc, cell, lasti, stack, frame)
         if isinstance(answer, int):
             return answer if answer == RAISE_CODE else jump_answer(cell.index, answer)

@@ -302,7 +302,45 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
 _CATCH_ALL = (BaseException, Exception)
 
 
-_seen = threading.local()  # .caught: (id(exc), id(frame), code) of the last sure catch
+#: .caught: the last sure catch ``handled_above`` found -- (type and id of the
+#: exception, id and code of the frame that catches it, id of the exception's
+#: traceback head at the barrier that last relied on it); see ``caught_above``
+_seen = threading.local()
+
+
+def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
+    """Is ``exc``, now at the barrier of ``frame``, on its way to the frame a
+    barrier below already found to catch it surely?  (Then nothing needs to
+    be looked at again: an exception the program catches N vaccinated frames
+    up passes N barriers, and only the first searches its callers.)
+
+    Ids alone cannot say "the same exception": in a loop that raises and
+    catches, every exception, traceback and frame object is made at the
+    address of the last iteration's.  So the exception must have travelled
+    here from that barrier: its traceback, from its head (this frame) down,
+    reaches the head the last barrier saw (strictly below: one frame at
+    least was left since), without passing the catching frame (which may
+    be this one: its own barrier sees the exception before its handler
+    does).  Nothing is
+    kept alive: a handled exception's frames and their locals are freed when
+    the program is done with it, as without daifu."""
+    caught = getattr(_seen, "caught", None)
+    if caught is None or caught[1] != id(exc) or caught[0] is not type(exc):
+        return False
+    head = exc.__traceback__
+    if head is None or head.tb_frame is not frame or id(head) == caught[4]:
+        return False
+    tb: types.TracebackType | None = head
+    while tb is not None:
+        f = tb.tb_frame
+        if id(f) == caught[2] and f.f_code is caught[3] and tb is not head:
+            return False  # it came back through the catching frame: look again
+        tb = tb.tb_next
+        if tb is not None and id(tb) == caught[4]:
+            # (at the catching frame's own barrier: its handler takes it now)
+            _seen.caught = (*caught[:4], id(head))
+            return True
+    return False
 
 
 def handled_above(frame: types.FrameType, exc: BaseException, targets: Container[str]) -> bool:
@@ -311,15 +349,11 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     does (its barrier then decides with full knowledge).
 
     An exception the program catches N vaccinated frames up passes N barriers;
-    the first finds the frame that surely catches it and the others only look
-    for that frame among their callers (linear, not quadratic, in N)."""
-    caught = getattr(_seen, "caught", None)
-    if caught is not None and caught[0] == id(exc):
-        f = frame.f_back
-        while f is not None:
-            if id(f) == caught[1] and f.f_code is caught[2]:
-                return True
-            f = f.f_back
+    the first finds the frame that surely catches it and the others only
+    check that the exception came to them from there (``caught_above``:
+    linear, not quadratic, in N)."""
+    if caught_above(exc, frame):
+        return True
     back, _ = backend()
     c_boundary = False
     transparent = True  # every frame so far belongs to a target file
@@ -343,7 +377,9 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         if guards:
             verdict = would_catch(guards, exc, caller, None, specific_only=library)
             if verdict:
-                _seen.caught = (id(exc), id(caller), caller.f_code)
+                head = exc.__traceback__
+                _seen.caught = (type(exc), id(exc), id(caller), caller.f_code,
+                                id(head) if head is not None else None)
                 return True
             if verdict is None and vaccinated and transparent:
                 return True
