@@ -289,6 +289,40 @@ def test_a_programs_own_sigterm_handler_is_kept(tmp_path):
     assert not (tmp_path / "ck").exists()
 
 
+def test_a_forked_worker_dies_of_sigterm_as_without_daifu(tmp_path):
+    # daifu's SIGTERM handler is the parent's: a forked worker (DataLoader,
+    # multiprocessing.Pool) gets the default action back, so that a SIGTERM
+    # the kernel delivers just before the worker blocks still ends it
+    # (Pool.terminate() hung on a worker blocked on its task queue's lock)
+    (tmp_path / "train.py").write_text(textwrap.dedent('''
+        import os, signal, multiprocessing as mp
+
+        def disposition(_):
+            return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        def main():
+            print("parent handles SIGTERM:", signal.getsignal(signal.SIGTERM)
+                  is not signal.SIG_DFL, flush=True)
+            with mp.get_context("fork").Pool(2) as pool:
+                print("workers default:", all(pool.map(disposition, range(4))), flush=True)
+            lock = mp.get_context("fork").Lock()
+            lock.acquire()
+            child = mp.get_context("fork").Process(target=lock.acquire)  # blocks for good
+            child.start()
+            child.terminate()
+            child.join(20)
+            print("blocked worker ended by SIGTERM:", child.exitcode == -signal.SIGTERM,
+                  flush=True)
+        main()
+    '''))
+    proc = subprocess.run([sys.executable, "-m", "daifu", "train.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DAIFU_CONSOLE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["parent handles SIGTERM: True", "workers default: True",
+                                        "blocked worker ended by SIGTERM: True"], proc.stderr
+
+
 def test_sigterm_without_training_state_ends_at_once(tmp_path):
     (tmp_path / "train.py").write_text(textwrap.dedent('''
         import time

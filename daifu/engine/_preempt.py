@@ -40,9 +40,9 @@ DEFAULT_GRACE_S = 25.0
 _grace = DEFAULT_GRACE_S
 _handling = False
 _done = threading.Lock()
-#: the process that installed the handler (a forked child -- a DataLoader
-#: worker -- inherits it, and dies at once on SIGTERM, as without daifu)
+#: the process that installed the handler
 _pid = -1
+_fork_hook = False
 
 
 def install(grace: float = DEFAULT_GRACE_S) -> bool:
@@ -57,7 +57,57 @@ def install(grace: float = DEFAULT_GRACE_S) -> bool:
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError):
         return False
+    global _fork_hook
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_block_for_fork, after_in_parent=_unblock_after_fork,
+                            after_in_child=_default_in_child)
+        _fork_hook = True
     return True
+
+
+#: thread id -> was SIGTERM blocked in that thread before its fork?
+_blocked_before: dict[int, bool] = {}
+
+
+def _block_for_fork() -> None:
+    """Before a fork: hold SIGTERM back in the forking thread (the child
+    inherits the mask) until the child has the default action back."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+            _blocked_before[threading.get_ident()] = signal.SIGTERM in before
+    except (ValueError, OSError, AttributeError):
+        pass
+
+
+def _unblock_after_fork() -> None:
+    """Let SIGTERM in again (one that came meanwhile is delivered now)."""
+    was = _blocked_before.pop(threading.get_ident(), None)
+    if was is False:
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        except (ValueError, OSError, AttributeError):
+            pass
+
+
+def _default_in_child() -> None:
+    """A forked child (a DataLoader or ``multiprocessing.Pool`` worker) gets
+    SIGTERM's default action back, as without daifu: the kernel ends it.
+
+    A Python handler runs only when the main thread next executes bytecode,
+    or when a blocking call it is in fails with EINTR; a SIGTERM that comes
+    just before the call blocks is then never seen.  ``Pool.terminate()``
+    sends SIGTERM to workers that may be about to block on the task queue's
+    lock: one stayed blocked there for good, and the pool's ``join`` with it
+    (toolz's own test suite under daifu, CPython 3.13).  SIGTERM is blocked
+    from just before the fork until the default action is back: one sent to
+    the child meanwhile waits, then ends it."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # (not the main thread: cannot happen after fork)
+        pass
+    _unblock_after_fork()
 
 
 def _die() -> None:
