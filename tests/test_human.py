@@ -285,6 +285,28 @@ def test_headless_exec_and_retry_from_another_process(tmp_path):
     assert waiting and waiting[0]["socket"].endswith(f"{proc.pid}.sock")
 
 
+def test_a_runtime_directory_too_deep_for_a_unix_socket_address_still_works(tmp_path,
+                                                                            monkeypatch):
+    # an AF_UNIX address holds 107 bytes of path: a job whose socket path was
+    # longer could not wait for a fix ("AF_UNIX path too long"; a CI run's
+    # pytest directories for a two-node case came to 108)
+    deep = tmp_path / ("runtime-" * 8) / ("node-" * 8)
+    deep.mkdir(parents=True, mode=0o700)
+    assert len(str(deep / "4194304.sock")) > 108
+    monkeypatch.setenv("DAIFU_RUNTIME_DIR", str(deep))
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_SCALE)
+    proc = start_headless(tmp_path, script)
+    sock = deep / f"{proc.pid}.sock"  # (made where it belongs, private)
+    assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert daifu_cli("send", str(proc.pid), "exec", "scale = 0.5").returncode == 1
+    retry = daifu_cli("send", str(proc.pid), "retry")
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "path too long" not in err
+
+
 def test_wait_expiry_exits_like_without_daifu(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(BUGGY_SCALE)

@@ -13,6 +13,7 @@ Protocol: newline-delimited JSON.  A client sends one request
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -144,7 +145,8 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
-            sock.bind(self.path)
+            with unix_address(self.path) as where:
+                sock.bind(where)
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
@@ -260,6 +262,28 @@ def _refuse(conn: socket.socket, error: str) -> None:
         pass
 
 
+#: the longest path an AF_UNIX address holds (``sun_path``: 108 bytes with its NUL)
+_SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def unix_address(path: str) -> Iterator[str]:
+    """``path`` as ``bind``/``connect`` take it.  A socket path longer than
+    an AF_UNIX address holds (a runtime directory deep in a project or a
+    test's temporary directory) is reached through a descriptor of its
+    directory, ``/proc/self/fd/N/<name>`` on Linux: the socket is made in
+    that directory all the same, with its permissions.  (Refused, the job
+    could not wait for a fix: ``AF_UNIX path too long``.)"""
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX or not os.path.isdir("/proc/self/fd"):
+        yield path
+        return
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
 # -- clients ---------------------------------------------------------------------------
 
 
@@ -279,7 +303,8 @@ def _connect(pid: int, timeout: float = 5.0) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:
-        conn.connect(path)
+        with unix_address(path) as where:
+            conn.connect(where)
     except OSError as exc:
         conn.close()
         raise EndpointError(f"cannot connect to job {pid}: {exc}") from None
