@@ -305,6 +305,8 @@ def test_a_forked_worker_dies_of_sigterm_as_without_daifu(tmp_path):
                   is not signal.SIG_DFL, flush=True)
             with mp.get_context("fork").Pool(2) as pool:
                 print("workers default:", all(pool.map(disposition, range(4))), flush=True)
+            print("parent blocks SIGTERM:",
+                  signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []), flush=True)
             lock = mp.get_context("fork").Lock()
             lock.acquire()
             child = mp.get_context("fork").Process(target=lock.acquire)  # blocks for good
@@ -320,6 +322,7 @@ def test_a_forked_worker_dies_of_sigterm_as_without_daifu(tmp_path):
                           env={**os.environ, "DAIFU_CONSOLE": "0"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["parent handles SIGTERM: True", "workers default: True",
+                                        "parent blocks SIGTERM: False",
                                         "blocked worker ended by SIGTERM: True"], proc.stderr
 
 

@@ -357,6 +357,56 @@ def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(monk
     assert [r() for r in ns["BIGS"]] == [None] * 10
 
 
+RERAISED = '''
+def flaky(i):
+    return {}["missing"]
+
+def with_retries(n):
+    last = None
+    for i in range(n):
+        try:
+            return flaky(i)
+        except KeyError as e:
+            last = e
+    raise last
+
+def inner(x):
+    return 60 // x
+
+def catcher(x, strict):
+    try:
+        return inner(x)
+    except ZeroDivisionError:
+        if strict:
+            raise
+        return -1
+
+def train(strict):
+    x = catcher(0, strict)
+    if strict is None:
+        x = with_retries(3)
+    return x
+'''
+
+
+@pytest.mark.parametrize("strict, where", [(True, ["train"]), (None, ["train"])])
+def test_an_exception_caught_then_raised_again_is_a_crash_where_it_goes_on(strict, where):
+    # the handler that took it lets it go again -- a conditional bare
+    # ``raise``, or ``raise last`` after a retry loop: the barriers above
+    # must judge it, not take it for the handled exception it was
+    ns = vaccinate(RERAISED, entries=("**",))
+    seen = []
+
+    @daifu.on(Exception)
+    def record(crash):
+        seen.append(crash.function)
+        return None
+
+    with crashes(KeyError if strict is None else ZeroDivisionError):
+        ns["train"](strict)
+    assert seen == where
+
+
 def test_a_new_exception_at_an_old_ones_address_is_judged_anew():
     # in a loop every exception (and traceback, and frame) is made where the
     # last one was: ids alone would take a crash for the handled exception
@@ -375,17 +425,23 @@ def test_a_new_exception_at_an_old_ones_address_is_judged_anew():
     exc, frame = catcher()
     head = exc.__traceback__
     inner = head.tb_next.tb_frame
+    mark = _guards._mark
     # a remembered catch whose every id matches, but this exception never left
     # a barrier below: the first barrier it meets looks for itself
-    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, id(head.tb_next))
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, mark(head.tb_next))
     assert not _guards.caught_above(exc, inner)
-    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, id(head))
+    _guards._seen.caught = (KeyError, id(exc), 0, None, mark(head))
     assert not _guards.caught_above(exc, frame)  # (head == last seen: it has not moved)
-    _guards._seen.caught = (ValueError, id(exc), 0, None, id(head.tb_next))
+    _guards._seen.caught = (ValueError, id(exc), 0, None, mark(head.tb_next))
     assert not _guards.caught_above(exc, frame)  # another type
-    _guards._seen.caught = (KeyError, id(exc), 0, None, id(head.tb_next))
+    dead = (id(head.tb_next), id(inner), inner.f_code, head.tb_next.tb_lasti + 2)
+    _guards._seen.caught = (KeyError, id(exc), 0, None, dead)
+    assert not _guards.caught_above(exc, frame)  # an entry at a dead one's address
+    _guards._seen.caught = (KeyError, id(exc), 0, None, mark(head.tb_next))
     assert _guards.caught_above(exc, frame)  # it travelled here from there
-    _guards._seen.caught = None
+    # at the catching frame's own barrier the memo is used up
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, mark(head.tb_next))
+    assert _guards.caught_above(exc, frame) and _guards._seen.caught is None
 
 
 def test_caller_that_logs_and_reraises_does_not_count_as_handling():

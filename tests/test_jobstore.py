@@ -117,11 +117,18 @@ def test_a_command_whose_client_stopped_waiting_is_dropped_unanswered(job_store)
     # a client that polls a busy rank gives up and asks again: the relay must
     # not answer every abandoned command first, falling ever further behind
     server, channel, _jobstore = job_store
-    server.queue_push(_jobstore._queue("j", 0), _seal.seal(channel.key, "cmd|j|0", {
-        "op": "status", "id": "late", "t": time.time(), "reply": "daifu/relay/j/r/gone",
-        "live": "daifu/relay/j/r/gone/live"}))
+    for op, reply in (("status", "gone"), ("send", "sent")):
+        server.queue_push(_jobstore._queue("j", 0), _seal.seal(channel.key, "cmd|j|0", {
+            "op": op, "cmd": "continue", "id": op, "t": time.time(),
+            "reply": f"daifu/relay/j/r/{reply}", "live": f"daifu/relay/j/r/{reply}/live"}))
     assert channel.ask(None, {"op": "status"}, 5.0)[0]["state"] == "running"
     assert server.queue_len("daifu/relay/j/r/gone") == 0
+    # ... but a decision is always handed on (a job-wide one must reach every
+    # rank): here it is refused, as this process waits on no crash
+    assert server.queue_len("daifu/relay/j/r/sent") == 1
+    keys = server.num_keys()
+    assert channel.ask(None, {"op": "status"}, 5.0)
+    assert server.num_keys() == keys  # a client leaves nothing behind in the store
 
 
 def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
@@ -134,9 +141,13 @@ def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
     from daifu.engine import _jobstore
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    port = free_port()
     relay = _jobstore.Relay("late", "127.0.0.1", port, 0, _seal.load_key())
     relay.start()
     time.sleep(1.0)
@@ -150,8 +161,7 @@ def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
         relay.stop(server)
     assert not relay.is_alive()
     # stopped before it ever connected: it ends at once
-    waiting = _jobstore.Relay("never", "127.0.0.1", port + 1 if port < 65535 else port - 1, 0,
-                              _seal.load_key())
+    waiting = _jobstore.Relay("never", "127.0.0.1", free_port(), 0, _seal.load_key())
     waiting.start()
     started = time.monotonic()
     waiting.stop()

@@ -303,9 +303,16 @@ _CATCH_ALL = (BaseException, Exception)
 
 
 #: .caught: the last sure catch ``handled_above`` found -- (type and id of the
-#: exception, id and code of the frame that catches it, id of the exception's
-#: traceback head at the barrier that last relied on it); see ``caught_above``
+#: exception, id and code of the frame that catches it, the ``_mark`` of the
+#: exception's traceback head at the barrier that last relied on it); see
+#: ``caught_above``
 _seen = threading.local()
+
+
+def _mark(tb: types.TracebackType) -> tuple:
+    """A traceback entry, by what a dead entry's reused address does not
+    bring back with it: its address, its frame's, the code and the offset."""
+    return (id(tb), id(tb.tb_frame), tb.tb_frame.f_code, tb.tb_lasti)
 
 
 def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
@@ -318,28 +325,34 @@ def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
     catches, every exception, traceback and frame object is made at the
     address of the last iteration's.  So the exception must have travelled
     here from that barrier: its traceback, from its head (this frame) down,
-    reaches the head the last barrier saw (strictly below: one frame at
-    least was left since), without passing the catching frame (which may
-    be this one: its own barrier sees the exception before its handler
-    does).  Nothing is
-    kept alive: a handled exception's frames and their locals are freed when
-    the program is done with it, as without daifu."""
+    reaches the entry the last barrier saw -- strictly below the head, and
+    the same by address, frame, code and offset -- without passing the
+    catching frame on the way.  The catching frame may be this one (its own
+    barrier sees the exception before its handler does); the memo is then
+    used up: an exception that leaves the catching frame again (a bare
+    ``raise`` in the handler, ``raise last_error`` after a retry loop) is
+    judged anew.  Nothing is kept alive: a handled exception's frames and
+    their locals are freed when the program is done with it, as without
+    daifu."""
     caught = getattr(_seen, "caught", None)
     if caught is None or caught[1] != id(exc) or caught[0] is not type(exc):
         return False
     head = exc.__traceback__
-    if head is None or head.tb_frame is not frame or id(head) == caught[4]:
+    if head is None or head.tb_frame is not frame:
         return False
-    tb: types.TracebackType | None = head
+    mark = caught[4]
+    at_catcher = id(frame) == caught[2] and frame.f_code is caught[3]
+    tb = head.tb_next
     while tb is not None:
         f = tb.tb_frame
-        if id(f) == caught[2] and f.f_code is caught[3] and tb is not head:
+        if id(f) == caught[2] and f.f_code is caught[3]:
             return False  # it came back through the catching frame: look again
-        tb = tb.tb_next
-        if tb is not None and id(tb) == caught[4]:
-            # (at the catching frame's own barrier: its handler takes it now)
-            _seen.caught = (*caught[:4], id(head))
+        if id(tb) == mark[0]:
+            if _mark(tb) != mark:
+                return False  # (another entry at a dead one's address)
+            _seen.caught = None if at_catcher else (*caught[:4], _mark(head))
             return True
+        tb = tb.tb_next
     return False
 
 
@@ -354,6 +367,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     linear, not quadratic, in N)."""
     if caught_above(exc, frame):
         return True
+    _seen.caught = None  # (a search of its own: no memo of another's stands)
     back, _ = backend()
     c_boundary = False
     transparent = True  # every frame so far belongs to a target file
@@ -378,8 +392,8 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
             verdict = would_catch(guards, exc, caller, None, specific_only=library)
             if verdict:
                 head = exc.__traceback__
-                _seen.caught = (type(exc), id(exc), id(caller), caller.f_code,
-                                id(head) if head is not None else None)
+                if head is not None and head.tb_frame is frame:
+                    _seen.caught = (type(exc), id(exc), id(caller), caller.f_code, _mark(head))
                 return True
             if verdict is None and vaccinated and transparent:
                 return True

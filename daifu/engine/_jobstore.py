@@ -117,6 +117,8 @@ class Relay(threading.Thread):
         with self._lock:
             self._stopping.set()
             waiting = self._waiting
+        if not self.is_alive():
+            return
         if not waiting:  # (not connected yet: it sees the flag before it waits)
             self.join(timeout_s)
             return
@@ -164,6 +166,13 @@ class Relay(threading.Thread):
             if store is None or self._stopping.is_set():
                 return  # no store to reach: this node's sockets still serve
             self._waiting = True
+        try:
+            self._serve(store)
+        finally:
+            with self._lock:
+                self._waiting = False
+
+    def _serve(self, store: Any) -> None:
         place = f"cmd|{self.job}|{self.rank}"
         failures = 0
         while not self._stopping.is_set():
@@ -214,10 +223,18 @@ class Relay(threading.Thread):
         return message
 
 
+#: what a rank only reads for a client: dropped when its client is gone
+_READ_ONLY = ("status", "stacks", "report")
+
+
 def _abandoned(store, message: dict) -> bool:
-    """Has the client that sent ``message`` stopped waiting for its answer?
-    (Its commands are then dropped unanswered: a relay slowed down by a busy
-    machine must not fall ever further behind a client that polls.)"""
+    """Has the client that sent this read-only ``message`` stopped waiting
+    for its answer?  (It is then dropped unanswered: a relay slowed down by
+    a busy machine must not fall ever further behind a client that polls.
+    A ``send`` is always handed on: one rank of a job-wide decision must not
+    drop what the others took.)"""
+    if message.get("op") not in _READ_ONLY:
+        return False
     live = message.get("live")
     if not isinstance(live, str) or not live.startswith(_PREFIX):
         return False
@@ -440,6 +457,19 @@ class Channel:
         reply_queue = f"{_PREFIX}{self.job}/r/{uuid.uuid4().hex}"
         live = f"{reply_queue}/live"  # there while this client waits (``_abandoned``)
         self.store.set(live, b"1")
+        try:
+            return self._ask(targets, message, timeout, reply_queue, live)
+        finally:  # (also on Ctrl-C: the relays stop answering a client that left)
+            for name in (live, reply_queue):
+                try:
+                    self.store.delete_key(name)
+                except Exception:
+                    pass
+
+    def _ask(self, targets: list[int], message: dict, timeout: float, reply_queue: str,
+             live: str) -> dict[int, dict]:
+        import uuid
+
         idents: dict[int, str] = {}
         for rank in targets:
             ident = idents[rank] = uuid.uuid4().hex
@@ -467,11 +497,6 @@ class Channel:
                                            text)
                 except SealError:
                     continue  # not the rank's answer: someone else's writing
-        for name in (live, reply_queue):
-            try:
-                self.store.delete_key(name)
-            except Exception:
-                pass
         return answers
 
 
