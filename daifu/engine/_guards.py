@@ -362,11 +362,9 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     does (its barrier then decides with full knowledge).
 
     An exception the program catches N vaccinated frames up passes N barriers;
-    the first finds the frame that surely catches it and the others only
-    check that the exception came to them from there (``caught_above``:
-    linear, not quadratic, in N)."""
-    if caught_above(exc, frame):
-        return True
+    the first finds the frame that surely catches it and the others' barriers
+    only check that the exception came to them from there (``caught_above``,
+    asked by the barrier before this: linear, not quadratic, in N)."""
     _seen.caught = None  # (a search of its own: no memo of another's stands)
     back, _ = backend()
     c_boundary = False
