@@ -428,19 +428,19 @@ def test_a_new_exception_at_an_old_ones_address_is_judged_anew():
     mark = _guards._mark
     # a remembered catch whose every id matches, but this exception never left
     # a barrier below: the first barrier it meets looks for itself
-    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, mark(head.tb_next))
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, *mark(head.tb_next))
     assert not _guards.caught_above(exc, inner)
-    _guards._seen.caught = (KeyError, id(exc), 0, None, mark(head))
+    _guards._seen.caught = (KeyError, id(exc), 0, None, *mark(head))
     assert not _guards.caught_above(exc, frame)  # (head == last seen: it has not moved)
-    _guards._seen.caught = (ValueError, id(exc), 0, None, mark(head.tb_next))
+    _guards._seen.caught = (ValueError, id(exc), 0, None, *mark(head.tb_next))
     assert not _guards.caught_above(exc, frame)  # another type
     dead = (id(head.tb_next), id(inner), inner.f_code, head.tb_next.tb_lasti + 2)
-    _guards._seen.caught = (KeyError, id(exc), 0, None, dead)
+    _guards._seen.caught = (KeyError, id(exc), 0, None, *dead)
     assert not _guards.caught_above(exc, frame)  # an entry at a dead one's address
-    _guards._seen.caught = (KeyError, id(exc), 0, None, mark(head.tb_next))
+    _guards._seen.caught = (KeyError, id(exc), 0, None, *mark(head.tb_next))
     assert _guards.caught_above(exc, frame)  # it travelled here from there
     # at the catching frame's own barrier the memo is used up
-    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, mark(head.tb_next))
+    _guards._seen.caught = (KeyError, id(exc), id(frame), frame.f_code, *mark(head.tb_next))
     assert _guards.caught_above(exc, frame) and _guards._seen.caught is None
 
 

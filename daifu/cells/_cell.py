@@ -18,7 +18,6 @@ is a crash).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import types
@@ -272,10 +271,12 @@ class Cell(Capabilities):
 
 def cells_of(code: types.CodeType) -> CodeInfo | None:
     """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
-    try:
-        return _cells_of(code)
-    except TypeError:  # (a code object with an unhashable constant)
-        return _scan(code)
+    hit = _INFO_BY_ID.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    info = _scan(code)
+    remember(_INFO_BY_ID, id(code), (code, info))
+    return info
 
 
 def _scan(code: types.CodeType) -> CodeInfo | None:
@@ -286,9 +287,23 @@ def _scan(code: types.CodeType) -> CodeInfo | None:
     return None
 
 
-#: (equal code objects hold the same cell constants, so they have the same
-#: info; a code object's info never changes once it exists)
-_cells_of = functools.lru_cache(maxsize=4096)(_scan)
+#: id(code) -> (code, its info): asked for every caller an exception passes,
+#: so by identity -- hashing a code object hashes its bytecode and constants
+#: on every call (~0.15 us for a small function, more for a large one).  The
+#: entry holds the code object, so its id is not reused while it stands; a
+#: code object's info never changes once it exists.
+_INFO_BY_ID: dict[int, tuple[types.CodeType, CodeInfo | None]] = {}
+_MEMO_LIMIT = 4096
+
+
+def remember(memo: dict, key: object, value: object) -> None:
+    """Store into a bounded identity memo (the oldest entry goes first)."""
+    memo[key] = value
+    if len(memo) > _MEMO_LIMIT:
+        try:
+            del memo[next(iter(memo))]
+        except (KeyError, RuntimeError, StopIteration):  # (another thread got there first)
+            pass
 
 
 def original_code(code: types.CodeType) -> types.CodeType:

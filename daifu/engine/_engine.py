@@ -285,9 +285,11 @@ class Engine:
             return False
         if not (cell.can_retry or cell.can_skip or cell.can_continue):
             return False  # nothing to do here: let the next vaccinated caller try
-        exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
-        return not (would_catch(cell.guards, exc, frame, exits)
-                    or handled_above(frame, exc, target_files()))
+        if cell.guards:
+            exits = [stack[slot] for slot in cell.with_slots if slot < len(stack)]
+            if would_catch(cell.guards, exc, frame, exits):
+                return False
+        return not handled_above(frame, exc, target_files())
 
     def summary(self, fatal: BaseException | None = None):
         """The run's ``RunSummary`` (``fatal``: the exception the program dies

@@ -32,7 +32,6 @@ import sys
 import threading
 import types
 from collections.abc import Container
-from functools import lru_cache
 
 from ..cells import (
     Cell,
@@ -48,6 +47,7 @@ from ..cells import (
     original_code,
     read_locals,
 )
+from ..cells._cell import remember
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -302,11 +302,16 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
 _CATCH_ALL = (BaseException, Exception)
 
 
-#: .caught: the last sure catch ``handled_above`` found -- (type and id of the
-#: exception, id and code of the frame that catches it, the ``_mark`` of the
-#: exception's traceback head at the barrier that last relied on it); see
-#: ``caught_above``
-_seen = threading.local()
+class _Memo(threading.local):
+    #: the last sure catch ``handled_above`` found, for this thread: (type and
+    #: id of the exception, id and code of the frame that catches it, then the
+    #: traceback head at the barrier that last relied on it, by ``_mark``'s
+    #: four fields: its address, its frame's, the code, the offset); see
+    #: ``caught_above``
+    caught: tuple | None = None
+
+
+_seen = _Memo()
 
 
 def _mark(tb: types.TracebackType) -> tuple:
@@ -333,24 +338,28 @@ def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
     ``raise`` in the handler, ``raise last_error`` after a retry loop) is
     judged anew.  Nothing is kept alive: a handled exception's frames and
     their locals are freed when the program is done with it, as without
-    daifu."""
-    caught = getattr(_seen, "caught", None)
+    daifu.  (Asked at every barrier an exception passes: kept to a few
+    comparisons, ``_mark`` written out.)"""
+    caught = _seen.caught
     if caught is None or caught[1] != id(exc) or caught[0] is not type(exc):
         return False
     head = exc.__traceback__
     if head is None or head.tb_frame is not frame:
         return False
-    mark = caught[4]
-    at_catcher = id(frame) == caught[2] and frame.f_code is caught[3]
+    _, _, catcher, catcher_code, mark_tb, mark_frame, mark_code, mark_lasti = caught
     tb = head.tb_next
     while tb is not None:
         f = tb.tb_frame
-        if id(f) == caught[2] and f.f_code is caught[3]:
+        if id(f) == catcher and f.f_code is catcher_code:
             return False  # it came back through the catching frame: look again
-        if id(tb) == mark[0]:
-            if _mark(tb) != mark:
+        if id(tb) == mark_tb:
+            if id(f) != mark_frame or f.f_code is not mark_code or tb.tb_lasti != mark_lasti:
                 return False  # (another entry at a dead one's address)
-            _seen.caught = None if at_catcher else (*caught[:4], _mark(head))
+            if id(frame) == catcher and frame.f_code is catcher_code:
+                _seen.caught = None  # at the catching frame: used up
+            else:
+                _seen.caught = (caught[0], caught[1], catcher, catcher_code, id(head),
+                                id(frame), frame.f_code, head.tb_lasti)
             return True
         tb = tb.tb_next
     return False
@@ -364,40 +373,50 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     An exception the program catches N vaccinated frames up passes N barriers;
     the first finds the frame that surely catches it and the others' barriers
     only check that the exception came to them from there (``caught_above``,
-    asked by the barrier before this: linear, not quadratic, in N)."""
+    asked by the barrier before this: linear, not quadratic, in N).
+
+    Whether a frame was entered from C (where C code might catch) is read
+    only when the answer depends on it: it can turn "nobody catches it" into
+    "a vaccinated caller will decide", never the other way, so a search that
+    finds a catch needs none of those reads (each is a layout-checked read
+    of the interpreter frame, the dearest step of the walk)."""
     _seen.caught = None  # (a search of its own: no memo of another's stands)
-    back, _ = backend()
-    c_boundary = False
     transparent = True  # every frame so far belongs to a target file
+    left: list[tuple[types.FrameType, types.FrameType]] = []  # frames left by a call
+    deciding = 0  # a C boundary among the first ``deciding`` calls: a vaccinated caller decides
     for f, caller, via_call in _exception_path(frame):
         if caller is None:
             return True  # the program keeps it (gather(..., return_exceptions=True))
-        if via_call and not c_boundary and back is not None and _entered_from_c(f, caller, back):
-            c_boundary = True  # (never reset: no need to look again)
-        vaccinated = cells_of(caller.f_code) is not None
-        if caller.f_code.co_filename not in targets:
+        code = caller.f_code
+        if via_call:
+            left.append((f, caller))
+        library = code.co_filename not in targets
+        if library:
             transparent = False
-        elif c_boundary and vaccinated and transparent:
-            return True  # C code in between may catch; if not, that barrier decides
+        vaccinated_here = transparent and cells_of(code) is not None
+        if vaccinated_here:
+            deciding = len(left)
         # a library frame's handlers count too when they name the exception
         # (argparse's ``except (TypeError, ValueError)`` around a ``type=``
         # function, unittest's assertRaises, torch.utils.checkpoint's own
         # internal exception); its catch-alls do not: ``except Exception`` in
         # pytest, IPython or a thread pool reports a crash, it does not fix it
-        library = caller.f_code.co_filename not in targets
-        guards = guards_at(caller.f_code, caller.f_lasti)
+        guards = guards_at(code, caller.f_lasti)
         if guards:
             verdict = would_catch(guards, exc, caller, None, specific_only=library)
             if verdict:
                 head = exc.__traceback__
                 if head is not None and head.tb_frame is frame:
-                    _seen.caught = (type(exc), id(exc), id(caller), caller.f_code, _mark(head))
+                    _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
                 return True
-            if verdict is None and vaccinated and transparent:
+            if verdict is None and vaccinated_here:
                 return True
+    if deciding:
+        # C code in between may catch; if not, that caller's barrier decides
+        back, _ = backend()
+        if back is not None:
+            return any(_entered_from_c(f, caller, back) for f, caller in left[:deciding])
     return False
-
-
 
 
 def _exception_path(frame: types.FrameType):
@@ -499,13 +518,23 @@ def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bo
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
+    """The handlers around byte ``offset`` of ``code``, innermost first."""
+    hit = _GUARDS_BY_ID.get((id(code), offset))
+    if hit is not None and hit[0] is code:
+        return hit[1]
     try:
-        return _guards_at(code, offset)
+        guards = _guards_at(code, offset)
     except Exception:
-        return ()
+        guards = ()
+    remember(_GUARDS_BY_ID, (id(code), offset), (code, guards))
+    return guards
 
 
-@lru_cache(maxsize=2048)
+#: (id(code), offset) -> (code, guards): by identity, as ``cells_of`` (a code
+#: object's hash is its bytecode's and constants', computed at every call)
+_GUARDS_BY_ID: dict[tuple[int, int], tuple[types.CodeType, tuple[Guard, ...]]] = {}
+
+
 def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
     info = cells_of(code)
     if info is not None:
