@@ -12,7 +12,7 @@ from ..._record import field, record
 from .._cell import Cell, CodeInfo, WithGuard
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
-from ._assemble import _as_ops, _with_try_blocks, cell_ranges, lasti_offset
+from ._assemble import _as_ops, _NotSpliced, _with_try_blocks, cell_ranges, lasti_offset, splice
 from ._emit import (
     _NOWHERE,
     Continuation,
@@ -43,6 +43,9 @@ from ._runs import (
 )
 
 PYTHON = PY.python
+#: assemble the stubs with ``splice`` (False: ``bytecode`` assembles all;
+#: the tests compare the two)
+_SPLICE = True
 
 # frame access: one module per frame-layout family (``_versions``)
 _frames = importlib.import_module(f"daifu.cells.{PY.frames}")
@@ -71,6 +74,9 @@ class Plan:
     #: instruction index -> the run whose stub takes its exception instead of
     #: its own handler (the re-raise of an inlined comprehension's cleanup)
     redirects: dict[int, _Run] = field(default_factory=dict)
+    #: where the stubs begin in the emitted items (``splice`` assembles them),
+    #: None when a continuation's prologue went in front
+    stub_start: int | None = None
 
     def label_for(self, i: int) -> Label:
         """The label of instruction ``i`` (made if nothing jumped there before)."""
@@ -284,6 +290,7 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     items.append(_Item(_instr("NOP", loc=_NOWHERE), None))
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
+    p.stub_start = len(items) if continuation is None else None
     _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator)
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
@@ -294,7 +301,15 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
     """A code object from the emitted items, stack depths computed here (the
     ``bytecode`` library gets those of the stub entries wrong)."""
     final_ops, final_labels = _as_ops(items)
-    stacksize = _analyse_depths(final_ops, final_labels, track_nulls=False)
+    stacksize = max(_analyse_depths(final_ops, final_labels, track_nulls=False),
+                    p.code.co_stacksize)
+    if p.stub_start is not None and _SPLICE:
+        try:
+            return splice(items, p.stub_start, stacksize, p.bc)
+        except _NotSpliced:
+            pass  # (bytecode assembles the whole of it below)
+        except Exception as exc:  # bytecode refused what we built: a daifu bug
+            raise Unsupported(f"bytecode assembly failed: {exc}") from exc
     out = p.bc.copy()
     out.clear()
     out.extend(_with_try_blocks(items))
@@ -302,7 +317,7 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
         # (every EXTENDED_ARG a long jump gains moves the others: a function
         # with many cells can take more than bytecode's default 10 passes --
         # sizes only grow, so this converges)
-        return out.to_code(stacksize=max(stacksize, p.code.co_stacksize),
+        return out.to_code(stacksize=stacksize,
                            compute_exception_stack_depths=False, compute_jumps_passes=200)
     except Exception as exc:  # bytecode refused what we built: a daifu bug
         raise Unsupported(f"bytecode assembly failed: {exc}") from exc
