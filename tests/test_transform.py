@@ -380,3 +380,104 @@ def test_statement_text_survives_form_feeds_and_unicode_line_separators():
     guard = next(c for c in info.cells if c.source == "return xs[0]").guards[0]
     assert guard.clauses[0].text == "except IndexError:"
     assert ModuleSource(source, "ff.py").line(5) == "return xs[0]"
+
+
+DEEP_STACKS = '''
+import contextlib
+
+def deep(rows, log):
+    with contextlib.nullcontext(log) as a:
+        for row in rows:
+            with contextlib.nullcontext(row) as b:
+                for x in b:
+                    for y in range(x):
+                        try:
+                            log.append((a is log, x, y, [v * 2 for v in range(y)]))
+                        except KeyError:
+                            continue
+    return log
+
+def gen(n):
+    for i in range(n):
+        with contextlib.nullcontext(i) as v:
+            yield [w for w in range(v)]
+'''
+
+
+def _canonical(code):
+    """A rewritten code object as its instructions (EXTENDED_ARG prefixes and
+    caches left out), jump targets and exception-table handlers as indices
+    into that list, each instruction's source position, constants with the
+    cells' own by index only."""
+    from daifu.cells._cell import CELL_MARK
+
+    ext = dis.opmap["EXTENDED_ARG"]
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+    index = {i.offset: n for n, i in enumerate(ins)}
+    raw = code.co_code
+
+    def at(offset):
+        while raw[offset] == ext:
+            offset += 2
+        return index[offset]
+
+    def const(value):
+        if isinstance(value, tuple) and value[:1] == (CELL_MARK,):
+            return ("cell", value[2])
+        return "<code>" if hasattr(value, "co_code") else value
+
+    positions = list(code.co_positions())
+    seq = [(i.opname, ("->", at(i.argval)) if i.opcode in dis.hasjrel + dis.hasjabs
+            else const(i.argval) if i.opcode in dis.hasconst else i.argval,
+            positions[i.offset // 2]) for i in ins]
+    handlers = {}
+    for entry in dis._parse_exception_table(code):
+        for offset in range(entry.start, entry.end, 2):
+            if offset in index:
+                handlers[index[offset]] = (at(entry.target), entry.depth, entry.lasti)
+    return (seq, handlers, [const(c) for c in code.co_consts], code.co_names,
+            code.co_stacksize)
+
+
+def _codes(code):
+    yield code
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            yield from _codes(const)
+
+
+@pytest.mark.parametrize("module", ["argparse", "compileall", "dataclasses", "deep"])
+def test_spliced_stubs_are_the_code_bytecode_assembles(module, monkeypatch):
+    # the stubs are assembled by daifu (``_assemble.splice``), the rest by
+    # the bytecode library; assembling everything with bytecode (and the stack
+    # size from a full analysis instead of ``stub_peak``) gives the same
+    # instructions, jumps, handlers, positions, constants and stack size --
+    # for functions with hundreds of constants and long jumps (argparse,
+    # compileall) and with many values on the stack below a cell (deep)
+    import importlib.util
+    import warnings
+
+    from daifu.cells import Selection, options, vaccinate_source
+    from daifu.cells._rewrite import _core
+
+    if module == "deep":
+        source, filename = DEEP_STACKS, "deep.py"
+    else:
+        filename = importlib.util.find_spec(module).origin
+        with open(filename, encoding="utf-8") as f:
+            source = f.read()
+    monkeypatch.setattr(options, "cache", None)
+    monkeypatch.setattr(options, "strict", False)
+    built = {}
+    for splice in (True, False):
+        monkeypatch.setattr(_core, "_SPLICE", splice)
+        with warnings.catch_warnings():  # (what cannot be vaccinated: the same both ways)
+            warnings.simplefilter("ignore")
+            built[splice] = vaccinate_source(source, filename, Selection(("**",)))[0]
+    spliced, whole = list(_codes(built[True])), list(_codes(built[False]))
+    assert len(spliced) == len(whole)
+    for a, b in zip(spliced, whole):
+        assert _canonical(a) == _canonical(b), a.co_qualname
+    if module == "deep":  # a cell with five values below it: its stub goes deepest
+        assert max(c.co_stacksize for c in spliced) >= 2 * 5 + 11
+

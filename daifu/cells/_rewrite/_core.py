@@ -21,6 +21,7 @@ from ._emit import (
     _emit_stubs,
     _instr,
     _Item,
+    stub_peak,
 )
 from ._handlers import (
     _walk_to_reraise,
@@ -69,6 +70,8 @@ class Plan:
     ops: list[_Op]
     label_at: dict[Label, int]
     runs: list[_Run]
+    #: the deepest the original code's stack gets
+    peak: int
     label_of: dict[int, Label] = field(default_factory=dict)
     labels_at: dict[int, list[Label]] = field(default_factory=dict)
     #: instruction index -> the run whose stub takes its exception instead of
@@ -117,7 +120,7 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
                 new = replace_consts.get(id(op.instr.arg))
                 if new is not None:
                     op.instr.arg = new
-    _analyse_depths(ops, label_at)
+    peak = _analyse_depths(ops, label_at)
 
     index = msrc.statements(scope)
     stmts = [index.lookup(_location(op.instr)) if op.instr.location else None for op in ops]
@@ -127,7 +130,7 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
         if all(stmt is None for stmt in stmts):
             raise NothingToProtect("no statements")
         raise Unsupported("no statement could be made recoverable")
-    p = Plan(code, bc, ops, label_at, runs)
+    p = Plan(code, bc, ops, label_at, runs, peak)
     if PY.inlined_comprehensions:
         p.redirects = _comprehension_redirects(ops, label_at, runs, stmts)
     for label, i in label_at.items():
@@ -300,16 +303,19 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
 def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
     """A code object from the emitted items, stack depths computed here (the
     ``bytecode`` library gets those of the stub entries wrong)."""
-    final_ops, final_labels = _as_ops(items)
-    stacksize = max(_analyse_depths(final_ops, final_labels, track_nulls=False),
-                    p.code.co_stacksize)
     if p.stub_start is not None and _SPLICE:
+        # the original code's depths (the retry copies have the same ones),
+        # and the stubs' deepest points, known from their shape
+        stacksize = max(p.peak, p.code.co_stacksize, *(stub_peak(r.base) for r in p.runs))
         try:
             return splice(items, p.stub_start, stacksize, p.bc)
         except _NotSpliced:
             pass  # (bytecode assembles the whole of it below)
         except Exception as exc:  # bytecode refused what we built: a daifu bug
             raise Unsupported(f"bytecode assembly failed: {exc}") from exc
+    final_ops, final_labels = _as_ops(items)
+    stacksize = max(_analyse_depths(final_ops, final_labels, track_nulls=False),
+                    p.code.co_stacksize)
     out = p.bc.copy()
     out.clear()
     out.extend(_with_try_blocks(items))

@@ -31,9 +31,33 @@ class _Item:
 
 
 def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
+    """An instruction (``arg`` None: none); daifu's own (no location) with a
+    plain argument are made once and shared: the stubs repeat the same few
+    hundred, and nothing changes an emitted instruction."""
+    if loc is _NOWHERE and type(arg) in _SHAREABLE:
+        key = (name, type(arg), arg)
+        ins = _SHARED.get(key)
+        if ins is None:
+            ins = _SHARED[key] = _make(name, arg, loc)
+        return ins
+    return _make(name, arg, loc)
+
+
+def _make(name: str, arg, loc: InstrLocation | None) -> Instr:
     if arg is None:
         return Instr(name, location=loc)
+    if arg is _NONE:
+        arg = None
     return Instr(name, arg, location=loc)
+
+
+class _NoneArg:
+    """``_instr``'s argument for ``LOAD_CONST None`` (None meaning "no argument")."""
+
+
+_NONE = _NoneArg()
+_SHARED: dict[tuple, Instr] = {}
+_SHAREABLE = frozenset({int, str, Compare, type(None), _NoneArg})
 
 
 def _call(args_count: int, loc) -> list[Instr]:
@@ -153,16 +177,21 @@ _NOWHERE = InstrLocation(None, None, None, None)
 
 def _attr(name: str, loc) -> Instr:
     """``LOAD_ATTR name`` (3.12+: the plain, not the method, form)."""
-    if PY.load_attr_method_flag:
-        return Instr("LOAD_ATTR", (False, name), location=loc)
-    return Instr("LOAD_ATTR", name, location=loc)
+    if loc is not _NOWHERE:
+        return _make("LOAD_ATTR", (False, name) if PY.load_attr_method_flag else name, loc)
+    key = ("LOAD_ATTR", name)
+    ins = _SHARED.get(key)
+    if ins is None:
+        ins = _SHARED[key] = _make("LOAD_ATTR", (False, name) if PY.load_attr_method_flag
+                                   else name, loc)
+    return ins
 
 
 def _import_sys(loc=_NOWHERE) -> list[Instr]:
     """Push the ``sys`` module, reached by name: ``import sys`` (a lookup in
     ``sys.modules``: no frame, no event), once per stub entry -- it stays on
     the stack while the stub needs it."""
-    return [_instr("LOAD_CONST", 0, loc), Instr("LOAD_CONST", None, location=loc),  # type: ignore[arg-type]
+    return [_instr("LOAD_CONST", 0, loc), _instr("LOAD_CONST", _NONE, loc),
             _instr("IMPORT_NAME", "sys", loc)]
 
 
@@ -204,8 +233,7 @@ def _suspend_tracing() -> list:
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
         *_sys_callable(_invisible("setprofile"), 2),
-        # bytecode's InstrArg has no type for a constant's value
-        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
+        _instr("LOAD_CONST", _NONE, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
@@ -214,8 +242,7 @@ def _suspend_tracing() -> list:
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
         *_sys_callable(_invisible("settrace"), 3),
-        # bytecode's InstrArg has no type for a constant's value
-        Instr("LOAD_CONST", None, location=_NOWHERE),  # type: ignore[arg-type]
+        _instr("LOAD_CONST", _NONE, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_trace,
@@ -287,6 +314,16 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool)
             items.append(_Item(_instr("LOAD_CONST", run.cell.info.ref(run.cell), _NOWHERE), None))
             items.append(_Item(_instr("JUMP_FORWARD", head, _NOWHERE), None))
         _emit_group(items, head, base, entry, members, ops, label_for, hooks, generator)
+
+
+def stub_peak(base: int) -> int:
+    """The deepest the stack gets in the stub of a group with base depth
+    ``base`` (``_emit_group``): the barrier call's arguments.  On entry
+    lasti, exc and the cell's constant (base + 3); sys, profile, trace (+ 3);
+    the barrier and its NULL (+ 2); exc, cell, lasti again (base + 11); then
+    the ``base`` stack values copied (2 base + 11) and built into one tuple
+    (base + 12).  (The tests compare it with a full analysis.)"""
+    return max(2 * base + 11, base + 12)
 
 
 def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, label_for, hooks,
