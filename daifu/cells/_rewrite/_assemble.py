@@ -4,6 +4,7 @@ rewritten code back (which cell, original or retry copy, an offset is in)."""
 from __future__ import annotations
 
 import dis
+import itertools
 import types
 
 from bytecode import Compare, Label, TryBegin, TryEnd
@@ -175,91 +176,94 @@ def splice(items: list[_Item], stub_start: int, stacksize: int, bc) -> types.Cod
     for label in pending:
         label_off[label] = n1 // 2
 
-    # the stubs: opcode and (resolved) argument, laid out until no EXTENDED_ARG
-    # prefix a jump needs moves anything further
+    # the stubs: opcode, argument (an int, or a Label until laid out), entry
     consts, names = list(code1.co_consts), list(code1.co_names)
     const_at: dict = {}
     name_at = {name: i for i, name in enumerate(names)}
     for i, value in enumerate(consts):
         if value is None or type(value) in (int, str):
             const_at.setdefault((type(value), value), i)
-    ops: list[list] = []  # [opcode, arg or Label, key, ext, start]
-    labels2: list[tuple[Label, int]] = []  # label -> index into ops
+    opcodes: list[int] = []
+    args: list = []
+    keys: list[EntryKey | None] = []
+    jumps: list[int] = []  # indices of the jumps among them
+    labels2: list[tuple[Label, int]] = []  # label -> index of the op after it
     for it in items[stub_start:]:
         if it.label is not None:
-            labels2.append((it.label, len(ops)))
+            labels2.append((it.label, len(opcodes)))
             continue
         instr = it.instr
         assert instr is not None  # an item is a label or an instruction
-        opcode, arg = instr._opcode, instr._arg  # noqa: SLF001
-        if isinstance(arg, Label):
-            pass
-        elif opcode in _HAS_CONST:
-            if not (arg is None or type(arg) in (int, str, tuple)):
-                raise _NotSpliced(f"constant {arg!r}")
+        kind = _KINDS.get(id(instr))
+        if kind is None or kind[0] is not instr:
+            kind = _kind(instr)
+        _, opcode, how, arg = kind
+        if how == _CONST:
             const_key = (type(arg), arg)
-            if const_key not in const_at:
-                const_at[const_key] = len(consts)
+            at = const_at.get(const_key)
+            if at is None:
+                at = const_at[const_key] = len(consts)
                 consts.append(arg)
-            arg = const_at[const_key]
-        elif opcode in _HAS_NAME:
-            flag = 0
-            if isinstance(arg, tuple):  # (method form, name): 3.12+ LOAD_ATTR
-                flag, arg = (1 if arg[0] else 0), arg[1]
-            if not isinstance(arg, str):
-                raise _NotSpliced(f"name {arg!r}")
-            if arg not in name_at:
-                name_at[arg] = len(names)
-                names.append(arg)
-            arg = name_at[arg] << 1 | flag if opcode in _FLAG_OPS else name_at[arg]
-        elif isinstance(arg, Compare):
-            arg = _compare_arg(arg)
-        elif arg is UNSET:
-            arg = 0
+            arg = at
+        elif how != _PLAIN:
+            name, flag = arg
+            at = name_at.get(name)
+            if at is None:
+                at = name_at[name] = len(names)
+                names.append(name)
+            arg = at << 1 | flag if how == _FLAG_NAME else at
         elif type(arg) is not int:
-            raise _NotSpliced(f"argument {arg!r} of {instr.name}")
-        ops.append([opcode, arg, it.key, 0 if isinstance(arg, Label) else _ext(arg), 0])
+            jumps.append(len(opcodes))
+        opcodes.append(opcode)
+        args.append(arg)
+        keys.append(it.key)
+    n = len(opcodes)
+    # units of each op: EXTENDED_ARG prefixes, itself, its caches; the jumps
+    # start without prefixes and gain them until nothing moves any further
+    units = [_CACHES[op] + 1 + (0 if type(a) is not int else _ext(a))
+             for op, a in zip(opcodes, args)]
     base = n1 // 2
+    starts: list[int] = []
     for _ in range(200):
-        off = base
-        for op in ops:
-            op[4] = off
-            off += op[3] + 1 + _CACHES[op[0]]
-        end = off
+        starts = list(itertools.accumulate(units, initial=base))
         for label, index in labels2:
-            label_off[label] = ops[index][4] if index < len(ops) else end
+            label_off[label] = starts[index]
         moved = False
-        for op in ops:
-            target = op[1]
-            if isinstance(target, Label):
-                after = op[4] + op[3] + 1 + _CACHES[op[0]]
-                dest = label_off[target]
-                delta = after - dest if op[0] in _BACKWARD_JUMPS else dest - after
-                if delta < 0:
-                    raise _NotSpliced("a jump in the wrong direction")
-                if _ext(delta) > op[3]:
-                    op[3] = _ext(delta)
-                    moved = True
+        for j in jumps:
+            opcode = opcodes[j]
+            after = starts[j + 1]
+            dest = label_off[args[j]]
+            delta = after - dest if opcode in _BACKWARD_JUMPS else dest - after
+            if delta < 0:
+                raise _NotSpliced("a jump in the wrong direction")
+            need = _CACHES[opcode] + 1 + _ext(delta)
+            if need > units[j]:
+                units[j] = need
+                moved = True
         if not moved:
             break
     else:
         raise _NotSpliced("jumps did not settle")
+    end = starts[n]
     code = bytearray(raw1)
-    for opcode, arg, key, ext, start in ops:
-        if isinstance(arg, Label):
-            after = start + ext + 1 + _CACHES[opcode]
-            dest = label_off[arg]
-            arg = after - dest if opcode in _BACKWARD_JUMPS else dest - after
-        for k in range(ext, 0, -1):
-            code += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
+    for j in jumps:
+        opcode = opcodes[j]
+        dest = label_off[args[j]]
+        args[j] = starts[j + 1] - dest if opcode in _BACKWARD_JUMPS else dest - starts[j + 1]
+    for opcode, arg, size in zip(opcodes, args, units):
+        caches = _CACHES[opcode]
+        if size > caches + 1:
+            for k in range(size - caches - 1, 0, -1):
+                code += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
         code += bytes((opcode, arg & 0xFF))
-        code += bytes(2 * _CACHES[opcode])
-        spans.append((start, start + ext + 1 + _CACHES[opcode], key))
+        if caches:
+            code += bytes(2 * caches)
     # the exception table: consecutive instructions with the same entry merged
     table = bytearray()
     run_start, run_stop = 0, 0
     run_key: EntryKey | None = None
-    for start, stop, key in [*spans, (end, end, None)]:
+    stub_spans = zip(starts, starts[1:], keys)
+    for start, stop, key in itertools.chain(spans, stub_spans, ((end, end, None),)):
         if key == run_key and start == run_stop:
             run_stop = stop
             continue
@@ -271,12 +275,46 @@ def splice(items: list[_Item], stub_start: int, stacksize: int, bc) -> types.Cod
             _varint(table, depth << 1 | int(lasti), 0)
         run_start, run_stop, run_key = start, stop, key
     # the stubs have no line: "no location" entries of up to 8 code units
-    lines = bytearray(code1.co_linetable)
     left = end - base
-    while left > 0:
-        chunk = min(left, 8)
-        lines.append(0x80 | _NO_LOCATION << 3 | (chunk - 1))
-        left -= chunk
+    lines = code1.co_linetable + _NO_LINE_8 * (left // 8)
+    if left % 8:
+        lines += bytes((0x80 | _NO_LOCATION << 3 | (left % 8 - 1),))
     return code1.replace(co_code=bytes(code), co_consts=tuple(consts), co_names=tuple(names),
-                         co_exceptiontable=bytes(table), co_linetable=bytes(lines),
+                         co_exceptiontable=bytes(table), co_linetable=lines,
                          co_stacksize=stacksize)
+
+
+_PLAIN, _CONST, _NAME, _FLAG_NAME = range(4)
+#: how a stub instruction's argument is encoded, by the (shared, see
+#: ``_emit._instr``) instruction's id: (instr, opcode, kind, value)
+_KINDS: dict[int, tuple] = {}
+_NO_LINE_8 = bytes((0x80 | _NO_LOCATION << 3 | 7,))
+
+
+def _kind(instr) -> tuple:
+    """(instr, opcode, how its argument is encoded, the value to encode)."""
+    opcode, arg = instr._opcode, instr._arg  # noqa: SLF001
+    if isinstance(arg, Label):
+        return (instr, opcode, _PLAIN, arg)  # (not remembered: labels are per function)
+    if opcode in _HAS_CONST:
+        if not (arg is None or type(arg) in (int, str, tuple)):
+            raise _NotSpliced(f"constant {arg!r}")
+        out = (instr, opcode, _CONST, arg)
+    elif opcode in _HAS_NAME:
+        flag = 0
+        if isinstance(arg, tuple):  # (method form, name): 3.12+ LOAD_ATTR
+            flag, arg = (1 if arg[0] else 0), arg[1]
+        if not isinstance(arg, str):
+            raise _NotSpliced(f"name {arg!r}")
+        out = (instr, opcode, _FLAG_NAME if opcode in _FLAG_OPS else _NAME, (arg, flag))
+    elif isinstance(arg, Compare):
+        out = (instr, opcode, _PLAIN, _compare_arg(arg))
+    elif arg is UNSET:
+        out = (instr, opcode, _PLAIN, 0)
+    elif type(arg) is int:
+        out = (instr, opcode, _PLAIN, arg)
+    else:
+        raise _NotSpliced(f"argument {arg!r} of {instr.name}")
+    if len(_KINDS) < 4096 and type(arg) is not tuple:  # (a cell's constant is its own)
+        _KINDS[id(instr)] = out  # (the entry keeps the instruction, and so its id, alive)
+    return out
