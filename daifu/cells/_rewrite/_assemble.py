@@ -101,7 +101,6 @@ def _cache_table() -> list[int]:
 _CACHES = _cache_table()
 _HAS_CONST = frozenset(dis.hasconst)
 _HAS_NAME = frozenset(dis.hasname)
-_HAS_JUMP = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _BACKWARD_JUMPS = frozenset(op for name, op in dis.opmap.items() if "BACKWARD" in name)
 _NO_LOCATION = 15  # the location-table code of "no location" (3.11+)
 #: opcodes whose argument is ``name index << 1 | flag``

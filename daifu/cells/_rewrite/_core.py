@@ -301,8 +301,10 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
 
 
 def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
-    """A code object from the emitted items, stack depths computed here (the
-    ``bytecode`` library gets those of the stub entries wrong)."""
+    """A code object from the emitted items: the stubs spliced after what
+    ``bytecode`` assembles of the rest (``splice``), or all of it by
+    ``bytecode``.  The stack size is daifu's either way (``bytecode`` gets
+    the depths of the stub entries wrong)."""
     if p.stub_start is not None and _SPLICE:
         # the original code's depths (the retry copies have the same ones),
         # and the stubs' deepest points, known from their shape
