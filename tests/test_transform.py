@@ -406,9 +406,9 @@ def gen(n):
 
 def _canonical(code):
     """A rewritten code object as its instructions (EXTENDED_ARG prefixes and
-    caches left out), jump targets and exception-table handlers as indices
-    into that list, each instruction's source position, constants with the
-    cells' own by index only."""
+    caches left out) with their arguments' values (a cell's constant by its
+    index), jump targets and exception-table handlers as indices into that
+    list, each instruction's source position, and its stack size."""
     from daifu.cells._cell import CELL_MARK
 
     ext = dis.opmap["EXTENDED_ARG"]
@@ -435,8 +435,7 @@ def _canonical(code):
         for offset in range(entry.start, entry.end, 2):
             if offset in index:
                 handlers[index[offset]] = (at(entry.target), entry.depth, entry.lasti)
-    return (seq, handlers, [const(c) for c in code.co_consts], code.co_names,
-            code.co_stacksize)
+    return seq, handlers, code.co_stacksize
 
 
 def _codes(code):
@@ -448,12 +447,15 @@ def _codes(code):
 
 @pytest.mark.parametrize("module", ["argparse", "compileall", "dataclasses", "deep"])
 def test_spliced_stubs_are_the_code_bytecode_assembles(module, monkeypatch):
-    # the stubs are assembled by daifu (``_assemble.splice``), the rest by
-    # the bytecode library; assembling everything with bytecode (and the stack
-    # size from a full analysis instead of ``stub_peak``) gives the same
-    # instructions, jumps, handlers, positions, constants and stack size --
-    # for functions with hundreds of constants and long jumps (argparse,
-    # compileall) and with many values on the stack below a cell (deep)
+    # daifu assembles rewritten code itself (``_assemble.splice``: the
+    # original's encoded arguments, its own stubs, jumps, exception and
+    # location tables); assembling it all with the bytecode library (and the
+    # stack size from a full analysis instead of ``stub_peak``) gives the
+    # same instructions, argument values, jumps, handlers, positions and
+    # stack size -- for functions with hundreds of constants and long jumps
+    # (argparse, compileall) and with many values on the stack below a cell
+    # (deep).  splice keeps the original's variables where bytecode
+    # renumbers them and drops unused ones.
     import importlib.util
     import warnings
 
@@ -476,8 +478,12 @@ def test_spliced_stubs_are_the_code_bytecode_assembles(module, monkeypatch):
             built[splice] = vaccinate_source(source, filename, Selection(("**",)))[0]
     spliced, whole = list(_codes(built[True])), list(_codes(built[False]))
     assert len(spliced) == len(whole)
-    for a, b in zip(spliced, whole):
+    originals = list(_codes(compile(source, filename, "exec", dont_inherit=True)))
+    for a, b, original in zip(spliced, whole, originals):
         assert _canonical(a) == _canonical(b), a.co_qualname
+        assert (a.co_varnames, a.co_cellvars, a.co_freevars, a.co_flags, a.co_nlocals) == (
+            original.co_varnames, original.co_cellvars, original.co_freevars,
+            original.co_flags, original.co_nlocals)
     if module == "deep":  # a cell with five values below it: its stub goes deepest
         assert max(c.co_stacksize for c in spliced) >= 2 * 5 + 11
 

@@ -11,6 +11,7 @@ from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from .._cell import Cell, resolve
+from . import _emit
 from ._emit import _Item
 from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, EntryKey, _Op
 
@@ -134,98 +135,83 @@ def _varint(out: bytearray, value: int, msb: int) -> None:
     out.append((value & 0x3F) | msb)
 
 
-def splice(items: list[_Item], stub_start: int, stacksize: int, bc) -> types.CodeType:
-    """Assemble ``items`` with ``bytecode`` doing only the first part (the
-    original code and the retry copies, ``items[:stub_start]``) and daifu the
-    stubs after it, which are most of the instructions and use a handful of
-    opcodes with plain arguments: their bytes, and the exception table and
-    its entries for all of the code, are written here.
+def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],
+           stacksize: int) -> types.CodeType:
+    """Assemble ``items`` into a new version of ``code``: its code, exception
+    table and location table are written here, its constants and names
+    extended by what daifu's instructions use; everything else (variables,
+    flags, names) stays the original's.
 
-    Raises ``_NotSpliced`` if the first part's code does not map instruction
-    for instruction onto its items, or a stub holds an argument of a kind not
-    handled here."""
-    first = [it.label if it.label is not None else it.instr for it in items[:stub_start]]
-    out = bc.copy()
-    out.clear()
-    out.extend(first)
-    code1 = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False,
-                        compute_jumps_passes=200)
-    raw1 = code1.co_code
-    # where each instruction of the first part landed (code units), and its labels
-    label_off: dict[Label, int] = {}
-    spans: list[tuple[int, int, EntryKey | None]] = []  # (start, stop, key) of every instruction
-    pos, n1, pending = 0, len(raw1), []
-    for it in items[:stub_start]:
-        if it.label is not None:
-            pending.append(it.label)
-            continue
-        start = pos
-        while pos < n1 and raw1[pos] == _EXTENDED_ARG:
-            pos += 2
-        assert it.instr is not None  # an item is a label or an instruction
-        if pos >= n1 or raw1[pos] != it.instr._opcode:  # noqa: SLF001
-            raise _NotSpliced(f"the assembled code differs from the items at {pos // 2}")
-        pos += 2 + 2 * _CACHES[raw1[pos]]
-        for label in pending:
-            label_off[label] = start // 2
-        pending.clear()
-        spans.append((start // 2, pos // 2, it.key))
-    if pos != n1:
-        raise _NotSpliced("the assembled code is longer than its items")
-    for label in pending:
-        label_off[label] = n1 // 2
-
-    # the stubs: opcode, argument (an int, or a Label until laid out), entry
-    consts, names = list(code1.co_consts), list(code1.co_names)
+    The original instructions and their retry copies keep the arguments the
+    original encodes (``_Item.raw``; the variable, name and constant tables
+    are the original's); jumps are laid out here; daifu's own instructions
+    (the stubs, most of the code) use a handful of opcodes with plain
+    arguments.  Raises ``_NotSpliced`` for an instruction whose argument it
+    cannot encode: the caller leaves all of it to ``bytecode``."""
+    consts, names = list(code.co_consts), list(code.co_names)
+    for index, value in const_updates.items():
+        consts[index] = value
     const_at: dict = {}
-    name_at = {name: i for i, name in enumerate(names)}
-    for i, value in enumerate(consts):
-        if value is None or type(value) in (int, str):
-            const_at.setdefault((type(value), value), i)
+    name_at: dict[str, int] = {}
     opcodes: list[int] = []
     args: list = []
     keys: list[EntryKey | None] = []
+    locations: list = []
     jumps: list[int] = []  # indices of the jumps among them
-    labels2: list[tuple[Label, int]] = []  # label -> index of the op after it
-    for it in items[stub_start:]:
+    labels: list[tuple[Label, int]] = []  # label -> index of the op after it
+    location = _NOWHERE
+    for it in items:
         if it.label is not None:
-            labels2.append((it.label, len(opcodes)))
+            labels.append((it.label, len(opcodes)))
             continue
         instr = it.instr
         assert instr is not None  # an item is a label or an instruction
-        kind = _KINDS.get(id(instr))
-        if kind is None or kind[0] is not instr:
-            kind = _kind(instr)
-        _, opcode, how, arg = kind
-        if how == _CONST:
-            const_key = (type(arg), arg)
-            at = const_at.get(const_key)
-            if at is None:
-                at = const_at[const_key] = len(consts)
-                consts.append(arg)
-            arg = at
-        elif how != _PLAIN:
-            name, flag = arg
-            at = name_at.get(name)
-            if at is None:
-                at = name_at[name] = len(names)
-                names.append(name)
-            arg = at << 1 | flag if how == _FLAG_NAME else at
-        elif type(arg) is not int:
-            jumps.append(len(opcodes))
+        loc = instr._location  # noqa: SLF001
+        if loc is not None and loc is not UNSET:
+            location = loc  # (none given: the one before it, as bytecode does)
+        if it.raw is not None:
+            opcode, arg = instr._opcode, it.raw  # noqa: SLF001
+        else:
+            kind = _KINDS.get(id(instr))
+            if kind is None or kind[0] is not instr:
+                kind = _kind(instr)
+            _, opcode, how, arg = kind
+            if how == _CONST:
+                if not const_at:
+                    for i, value in enumerate(consts):
+                        if value is None or type(value) in (int, str):
+                            const_at.setdefault((type(value), value), i)
+                const_key = (type(arg), arg)
+                at = const_at.get(const_key)
+                if at is None:
+                    at = const_at[const_key] = len(consts)
+                    consts.append(arg)
+                arg = at
+            elif how != _PLAIN:
+                if not name_at:
+                    name_at = {name: i for i, name in enumerate(names)}
+                name, flag = arg
+                at = name_at.get(name)
+                if at is None:
+                    at = name_at[name] = len(names)
+                    names.append(name)
+                arg = at << 1 | flag if how == _FLAG_NAME else at
+            elif type(arg) is not int:
+                jumps.append(len(opcodes))
         opcodes.append(opcode)
         args.append(arg)
         keys.append(it.key)
+        locations.append(location)
     n = len(opcodes)
     # units of each op: EXTENDED_ARG prefixes, itself, its caches; the jumps
     # start without prefixes and gain them until nothing moves any further
     units = [_CACHES[op] + 1 + (0 if type(a) is not int else _ext(a))
              for op, a in zip(opcodes, args)]
-    base = n1 // 2
+    label_off: dict[Label, int] = {}
     starts: list[int] = []
     for _ in range(200):
-        starts = list(itertools.accumulate(units, initial=base))
-        for label, index in labels2:
+        starts = list(itertools.accumulate(units, initial=0))
+        for label, index in labels:
             label_off[label] = starts[index]
         moved = False
         for j in jumps:
@@ -244,25 +230,24 @@ def splice(items: list[_Item], stub_start: int, stacksize: int, bc) -> types.Cod
     else:
         raise _NotSpliced("jumps did not settle")
     end = starts[n]
-    code = bytearray(raw1)
     for j in jumps:
         opcode = opcodes[j]
         dest = label_off[args[j]]
         args[j] = starts[j + 1] - dest if opcode in _BACKWARD_JUMPS else dest - starts[j + 1]
+    out = bytearray()
     for opcode, arg, size in zip(opcodes, args, units):
         caches = _CACHES[opcode]
         if size > caches + 1:
             for k in range(size - caches - 1, 0, -1):
-                code += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
-        code += bytes((opcode, arg & 0xFF))
+                out += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
+        out += bytes((opcode, arg & 0xFF))
         if caches:
-            code += bytes(2 * caches)
+            out += bytes(2 * caches)
     # the exception table: consecutive instructions with the same entry merged
     table = bytearray()
     run_start, run_stop = 0, 0
     run_key: EntryKey | None = None
-    stub_spans = zip(starts, starts[1:], keys)
-    for start, stop, key in itertools.chain(spans, stub_spans, ((end, end, None),)):
+    for start, stop, key in itertools.chain(zip(starts, starts[1:], keys), ((end, end, None),)):
         if key == run_key and start == run_stop:
             run_stop = stop
             continue
@@ -273,21 +258,78 @@ def splice(items: list[_Item], stub_start: int, stacksize: int, bc) -> types.Cod
             _varint(table, label_off[target], 0)
             _varint(table, depth << 1 | int(lasti), 0)
         run_start, run_stop, run_key = start, stop, key
-    # the stubs have no line: "no location" entries of up to 8 code units
-    left = end - base
-    lines = code1.co_linetable + _NO_LINE_8 * (left // 8)
-    if left % 8:
-        lines += bytes((0x80 | _NO_LOCATION << 3 | (left % 8 - 1),))
-    return code1.replace(co_code=bytes(code), co_consts=tuple(consts), co_names=tuple(names),
-                         co_exceptiontable=bytes(table), co_linetable=lines,
-                         co_stacksize=stacksize)
+    lines = _location_table(code.co_firstlineno, starts, locations)
+    return code.replace(co_code=bytes(out), co_consts=tuple(consts), co_names=tuple(names),
+                        co_exceptiontable=bytes(table), co_linetable=lines,
+                        co_stacksize=stacksize)
+
+
+def _location_table(firstlineno: int, starts: list[int], locations: list) -> bytes:
+    """The location table (3.11+ ``co_linetable``) of instructions starting at
+    ``starts`` (code units; one more: the end) at ``locations``: an entry per
+    run of instructions at the same location, at most 8 units each, in the
+    long form (line delta, end line, columns), "no columns" where the columns
+    are unknown, or "no location"."""
+    out = bytearray()
+    line = firstlineno
+    n = len(locations)
+    i = 0
+    while i < n:
+        loc = locations[i]
+        here = (loc.lineno, loc.end_lineno, loc.col_offset, loc.end_col_offset)
+        j = i + 1
+        while j < n and (locations[j] is loc or (
+                locations[j].lineno, locations[j].end_lineno, locations[j].col_offset,
+                locations[j].end_col_offset) == here):
+            j += 1
+        length = starts[j] - starts[i]
+        lineno, end_line, col, end_col = here
+        if lineno is None:
+            head, first, rest = 0x80 | _NO_LOCATION << 3, b"", b""
+        elif col is None or end_col is None or end_line is None:
+            head = 0x80 | _NO_COLUMNS << 3
+            first, rest = _svarint(lineno - line), _svarint(0)
+            line = lineno
+        else:
+            head = 0x80 | _LONG << 3
+            tail = _uvarint(end_line - lineno) + _uvarint(col + 1) + _uvarint(end_col + 1)
+            first, rest = _svarint(lineno - line) + tail, _svarint(0) + tail
+            line = lineno
+        body = first
+        while length > 0:
+            chunk = min(length, 8)
+            out.append(head | (chunk - 1))
+            out += body
+            body = rest
+            length -= chunk
+        i = j
+    return bytes(out)
+
+
+def _uvarint(value: int) -> bytes:
+    """A location-table varint: 6-bit groups, least significant first, bit 6
+    set on all but the last."""
+    out = bytearray()
+    while value >= 0x40:
+        out.append((value & 0x3F) | 0x40)
+        value >>= 6
+    out.append(value)
+    return bytes(out)
+
+
+def _svarint(value: int) -> bytes:
+    return _uvarint((-value) << 1 | 1 if value < 0 else value << 1)
+
+
+_NO_COLUMNS, _LONG = 13, 14  # (location-table codes, 3.11+)
+#: daifu's own instructions' location: none
+_NOWHERE = _emit._NOWHERE  # noqa: SLF001
 
 
 _PLAIN, _CONST, _NAME, _FLAG_NAME = range(4)
 #: how a stub instruction's argument is encoded, by the (shared, see
 #: ``_emit._instr``) instruction's id: (instr, opcode, kind, value)
 _KINDS: dict[int, tuple] = {}
-_NO_LINE_8 = bytes((0x80 | _NO_LOCATION << 3 | 7,))
 
 
 def _kind(instr) -> tuple:

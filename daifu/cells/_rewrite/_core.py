@@ -12,7 +12,15 @@ from ..._record import field, record
 from .._cell import Cell, CodeInfo, WithGuard
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
-from ._assemble import _as_ops, _NotSpliced, _with_try_blocks, cell_ranges, lasti_offset, splice
+from ._assemble import (
+    _CACHES,
+    _as_ops,
+    _NotSpliced,
+    _with_try_blocks,
+    cell_ranges,
+    lasti_offset,
+    splice,
+)
 from ._emit import (
     _NOWHERE,
     Continuation,
@@ -32,7 +40,7 @@ from ._handlers import (
     has_except_handler,
     returns_truthy,
 )
-from ._ops import PY, NothingToProtect, Unsupported, _location, _Op
+from ._ops import _EXTENDED_ARG, PY, NothingToProtect, Unsupported, _location, _Op
 from ._runs import (
     _build_runs,
     _drop_implicit_returns,
@@ -72,6 +80,8 @@ class Plan:
     runs: list[_Run]
     #: the deepest the original code's stack gets
     peak: int
+    #: constant index -> its new value (``replace_consts``)
+    const_updates: dict[int, object]
     label_of: dict[int, Label] = field(default_factory=dict)
     labels_at: dict[int, list[Label]] = field(default_factory=dict)
     #: instruction index -> the run whose stub takes its exception instead of
@@ -114,12 +124,17 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     if continuation is not None and PY.unchecked_load_fast:
         _checked_loads(bc)
     ops, label_at = _flatten(bc)
+    const_updates: dict[int, object] = {}
+    if continuation is None:
+        _read_raw_args(code, ops)
     if replace_consts:
         for op in ops:
             if op.instr.name == "LOAD_CONST" and isinstance(op.instr.arg, types.CodeType):
                 new = replace_consts.get(id(op.instr.arg))
                 if new is not None:
                     op.instr.arg = new
+                    if op.raw is not None:
+                        const_updates[op.raw] = new
     peak = _analyse_depths(ops, label_at)
 
     index = msrc.statements(scope)
@@ -130,7 +145,7 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
         if all(stmt is None for stmt in stmts):
             raise NothingToProtect("no statements")
         raise Unsupported("no statement could be made recoverable")
-    p = Plan(code, bc, ops, label_at, runs, peak)
+    p = Plan(code, bc, ops, label_at, runs, peak, const_updates)
     if PY.inlined_comprehensions:
         p.redirects = _comprehension_redirects(ops, label_at, runs, stmts)
     for label, i in label_at.items():
@@ -159,6 +174,25 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
             if ops[t].instr.name == "END_FOR":  # where an exhausted FOR_ITER goes on
                 p.label_for(t + 2)
     return p
+
+
+def _read_raw_args(code: types.CodeType, ops: list[_Op]) -> None:
+    """Set every non-jump op's ``raw``: its argument as ``code`` encodes it
+    (the ops are ``code``'s instructions in order; if they are not, none is
+    set and ``splice`` leaves the assembly to ``bytecode``)."""
+    raw, pos, n = code.co_code, 0, len(code.co_code)
+    for op in ops:
+        ext = 0
+        while pos < n and raw[pos] == _EXTENDED_ARG:
+            ext = (ext | raw[pos + 1]) << 8
+            pos += 2
+        if pos >= n or raw[pos] != op.instr._opcode:  # noqa: SLF001
+            for other in ops:
+                other.raw = None
+            return
+        if not isinstance(op.instr.arg, Label):
+            op.raw = ext | raw[pos + 1]
+        pos += 2 + 2 * _CACHES[raw[pos]]
 
 
 _INLINED_CALLS = frozenset({"FOR_ITER", "SEND"})
@@ -282,7 +316,7 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
         key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
         if i in p.redirects:
             key = (p.redirects[i].stub, True, p.redirects[i].base)
-        items.append(_Item(op.instr, key))
+        items.append(_Item(op.instr, key, raw=op.raw))
     for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
         items.append(_Item(label=lb))
     generator = bool(p.code.co_flags & 0x20)
@@ -310,7 +344,7 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
         # and the stubs' deepest points, known from their shape
         stacksize = max(p.peak, p.code.co_stacksize, *(stub_peak(r.base) for r in p.runs))
         try:
-            return splice(items, p.stub_start, stacksize, p.bc)
+            return splice(items, p.code, p.const_updates, stacksize)
         except _NotSpliced:
             pass  # (bytecode assembles the whole of it below)
         except Exception as exc:  # bytecode refused what we built: a daifu bug

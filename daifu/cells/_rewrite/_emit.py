@@ -28,6 +28,9 @@ class _Item:
     instr: Instr | None = None
     key: EntryKey | None = None
     label: Label | None = None
+    #: the instruction's argument as the original code encodes it (an
+    #: original instruction or its retry copy; see ``_Op.raw``)
+    raw: int | None = None
 
 
 def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
@@ -146,7 +149,7 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
             else:
                 ins = Instr(_BACKWARD.get(ins.name, ins.name), label_for(t),
                             location=ins.location)
-        items.append(_Item(ins, key))
+        items.append(_Item(ins, key, raw=op.raw if ins.arg is op.instr.arg else None))
     if ops[run.stop - 1].instr.name not in _TERMINAL:  # falls through: straight back
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.stop), _NOWHERE),
                            _target_key(ops, run.stop)))

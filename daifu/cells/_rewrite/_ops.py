@@ -124,6 +124,9 @@ class _Op:
     depth: int | None = None
     #: bit k set: stack slot k may hold NULL before the instruction
     nulls: int = 0
+    #: the argument as encoded in the original code (``_assemble.splice``
+    #: reuses it), None for a jump or where it could not be read
+    raw: int | None = None
 
 
 def _location(instr: Instr) -> tuple:
