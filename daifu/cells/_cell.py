@@ -271,11 +271,10 @@ class Cell(Capabilities):
 
 def cells_of(code: types.CodeType) -> CodeInfo | None:
     """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
-    hit = _INFO_BY_ID.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    info = _scan(code)
-    remember(_INFO_BY_ID, id(code), (code, info))
+    info = _INFO_BY_ID.find(id(code), code)
+    if info is MISSING:
+        info = _scan(code)
+        _INFO_BY_ID.keep(id(code), code, info)
     return info
 
 
@@ -287,23 +286,36 @@ def _scan(code: types.CodeType) -> CodeInfo | None:
     return None
 
 
-#: id(code) -> (code, its info): asked for every caller an exception passes,
-#: so by identity -- hashing a code object hashes its bytecode and constants
-#: on every call (~0.15 us for a small function, more for a large one).  The
-#: entry holds the code object, so its id is not reused while it stands; a
-#: code object's info never changes once it exists.
-_INFO_BY_ID: dict[int, tuple[types.CodeType, CodeInfo | None]] = {}
-_MEMO_LIMIT = 4096
+class IdentityMemo:
+    """A bounded memo of values computed from an object, keyed by its id
+    (and anything else): hashing a code object hashes its bytecode and
+    constants on every call (~0.15 us for a small function, more for a large
+    one), and the handled-exception path asks for every caller.  An entry
+    holds its object, so the id is not reused while the entry stands; the
+    oldest entry goes first past ``limit``."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: dict = {}
+        self._limit = limit
+
+    def find(self, key: object, obj: object) -> Any:
+        """The value kept for ``obj`` under ``key``, or ``MISSING``."""
+        hit = self._entries.get(key)
+        return hit[1] if hit is not None and hit[0] is obj else MISSING
+
+    def keep(self, key: object, obj: object, value: object) -> None:
+        entries = self._entries
+        entries[key] = (obj, value)
+        if len(entries) > self._limit:
+            try:
+                del entries[next(iter(entries))]
+            except (KeyError, RuntimeError, StopIteration):  # (another thread got there first)
+                pass
 
 
-def remember(memo: dict, key: object, value: object) -> None:
-    """Store into a bounded identity memo (the oldest entry goes first)."""
-    memo[key] = value
-    if len(memo) > _MEMO_LIMIT:
-        try:
-            del memo[next(iter(memo))]
-        except (KeyError, RuntimeError, StopIteration):  # (another thread got there first)
-            pass
+MISSING = object()
+#: id(code) -> its info (a code object's info never changes once it exists)
+_INFO_BY_ID = IdentityMemo()
 
 
 def original_code(code: types.CodeType) -> types.CodeType:

@@ -47,7 +47,7 @@ from ..cells import (
     original_code,
     read_locals,
 )
-from ..cells._cell import remember
+from ..cells._cell import MISSING, IdentityMemo
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -519,20 +519,18 @@ def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bo
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
     """The handlers around byte ``offset`` of ``code``, innermost first."""
-    hit = _GUARDS_BY_ID.get((id(code), offset))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    try:
-        guards = _guards_at(code, offset)
-    except Exception:
-        guards = ()
-    remember(_GUARDS_BY_ID, (id(code), offset), (code, guards))
+    guards = _GUARDS_BY_ID.find((id(code), offset), code)
+    if guards is MISSING:
+        try:
+            guards = _guards_at(code, offset)
+        except Exception:
+            guards = ()
+        _GUARDS_BY_ID.keep((id(code), offset), code, guards)
     return guards
 
 
-#: (id(code), offset) -> (code, guards): by identity, as ``cells_of`` (a code
-#: object's hash is its bytecode's and constants', computed at every call)
-_GUARDS_BY_ID: dict[tuple[int, int], tuple[types.CodeType, tuple[Guard, ...]]] = {}
+#: (id(code), offset) -> guards, by identity (as ``cells_of``)
+_GUARDS_BY_ID = IdentityMemo()
 
 
 def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:

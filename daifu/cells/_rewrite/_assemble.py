@@ -11,8 +11,7 @@ from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from .._cell import Cell, resolve
-from . import _emit
-from ._emit import _Item
+from ._emit import _NOWHERE, _Item
 from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, EntryKey, _Op
 
 
@@ -151,8 +150,11 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
     consts, names = list(code.co_consts), list(code.co_names)
     for index, value in const_updates.items():
         consts[index] = value
-    const_at: dict = {}
-    name_at: dict[str, int] = {}
+    const_at: dict = {}  # (type, value) -> index, for the plain values daifu loads
+    for i, value in enumerate(consts):
+        if value is None or type(value) in (int, str):
+            const_at.setdefault((type(value), value), i)
+    name_at = {name: i for i, name in enumerate(names)}
     opcodes: list[int] = []
     args: list = []
     keys: list[EntryKey | None] = []
@@ -177,10 +179,6 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
                 kind = _kind(instr)
             _, opcode, how, arg = kind
             if how == _CONST:
-                if not const_at:
-                    for i, value in enumerate(consts):
-                        if value is None or type(value) in (int, str):
-                            const_at.setdefault((type(value), value), i)
                 const_key = (type(arg), arg)
                 at = const_at.get(const_key)
                 if at is None:
@@ -188,8 +186,6 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
                     consts.append(arg)
                 arg = at
             elif how != _PLAIN:
-                if not name_at:
-                    name_at = {name: i for i, name in enumerate(names)}
                 name, flag = arg
                 at = name_at.get(name)
                 if at is None:
@@ -322,13 +318,11 @@ def _svarint(value: int) -> bytes:
 
 
 _NO_COLUMNS, _LONG = 13, 14  # (location-table codes, 3.11+)
-#: daifu's own instructions' location: none
-_NOWHERE = _emit._NOWHERE  # noqa: SLF001
 
 
 _PLAIN, _CONST, _NAME, _FLAG_NAME = range(4)
-#: how a stub instruction's argument is encoded, by the (shared, see
-#: ``_emit._instr``) instruction's id: (instr, opcode, kind, value)
+#: how one of daifu's own instructions is encoded, by its id (they are
+#: shared, ``_emit._instr``): (instr, opcode, how, value)
 _KINDS: dict[int, tuple] = {}
 
 

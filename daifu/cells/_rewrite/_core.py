@@ -52,8 +52,8 @@ from ._runs import (
 )
 
 PYTHON = PY.python
-#: assemble the stubs with ``splice`` (False: ``bytecode`` assembles all;
-#: the tests compare the two)
+#: assemble with daifu's ``splice`` (False: with ``bytecode``; the tests
+#: compare the two)
 _SPLICE = True
 
 # frame access: one module per frame-layout family (``_versions``)
@@ -87,9 +87,9 @@ class Plan:
     #: instruction index -> the run whose stub takes its exception instead of
     #: its own handler (the re-raise of an inlined comprehension's cleanup)
     redirects: dict[int, _Run] = field(default_factory=dict)
-    #: where the stubs begin in the emitted items (``splice`` assembles them),
-    #: None when a continuation's prologue went in front
-    stub_start: int | None = None
+    #: the code becomes a continuation (a prologue, new parameters): only
+    #: ``bytecode`` assembles that
+    continued: bool = False
 
     def label_for(self, i: int) -> Label:
         """The label of instruction ``i`` (made if nothing jumped there before)."""
@@ -327,7 +327,7 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     items.append(_Item(_instr("NOP", loc=_NOWHERE), None))
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
-    p.stub_start = len(items) if continuation is None else None
+    p.continued = continuation is not None
     _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator)
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
@@ -335,11 +335,11 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
 
 
 def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
-    """A code object from the emitted items: the stubs spliced after what
-    ``bytecode`` assembles of the rest (``splice``), or all of it by
-    ``bytecode``.  The stack size is daifu's either way (``bytecode`` gets
+    """A code object from the emitted items: assembled by daifu
+    (``splice``), or by ``bytecode`` for a continuation or what ``splice``
+    cannot encode.  The stack size is daifu's either way (``bytecode`` gets
     the depths of the stub entries wrong)."""
-    if p.stub_start is not None and _SPLICE:
+    if not p.continued and _SPLICE:
         # the original code's depths (the retry copies have the same ones),
         # and the stubs' deepest points, known from their shape
         stacksize = max(p.peak, p.code.co_stacksize, *(stub_peak(r.base) for r in p.runs))

@@ -34,33 +34,31 @@ class _Item:
 
 
 def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
-    """An instruction (``arg`` None: none); daifu's own (no location) with a
-    plain argument are made once and shared: the stubs repeat the same few
-    hundred, and nothing changes an emitted instruction."""
-    if loc is _NOWHERE and type(arg) in _SHAREABLE:
-        key = (name, type(arg), arg)
-        ins = _SHARED.get(key)
-        if ins is None:
-            ins = _SHARED[key] = _make(name, arg, loc)
-        return ins
-    return _make(name, arg, loc)
+    """An instruction (``arg`` None: it takes none; ``LOAD_CONST None`` is
+    ``_const(None)``).  daifu's own (no location, no label) are made once and
+    shared: the stubs repeat the same few hundred, and nothing changes an
+    emitted instruction."""
+    if loc is not _NOWHERE or isinstance(arg, Label):
+        return Instr(name, location=loc) if arg is None else Instr(name, arg, location=loc)
+    key = (name, type(arg), arg)
+    ins = _SHARED.get(key)
+    if ins is None:
+        ins = Instr(name, location=loc) if arg is None else Instr(name, arg, location=loc)
+        _SHARED[key] = ins
+    return ins
 
 
-def _make(name: str, arg, loc: InstrLocation | None) -> Instr:
-    if arg is None:
-        return Instr(name, location=loc)
-    if arg is _NONE:
-        arg = None
-    return Instr(name, arg, location=loc)
+def _none_const() -> Instr:
+    """daifu's ``LOAD_CONST None`` (shared, as ``_instr``'s)."""
+    ins = _SHARED.get(_NONE_KEY)
+    if ins is None:
+        # (bytecode's InstrArg has no type for a constant's value)
+        ins = _SHARED[_NONE_KEY] = Instr("LOAD_CONST", None, location=_NOWHERE)  # type: ignore[arg-type]
+    return ins
 
 
-class _NoneArg:
-    """``_instr``'s argument for ``LOAD_CONST None`` (None meaning "no argument")."""
-
-
-_NONE = _NoneArg()
 _SHARED: dict[tuple, Instr] = {}
-_SHAREABLE = frozenset({int, str, Compare, type(None), _NoneArg})
+_NONE_KEY = ("LOAD_CONST", "None")
 
 
 def _call(args_count: int, loc) -> list[Instr]:
@@ -149,7 +147,7 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
             else:
                 ins = Instr(_BACKWARD.get(ins.name, ins.name), label_for(t),
                             location=ins.location)
-        items.append(_Item(ins, key, raw=op.raw if ins.arg is op.instr.arg else None))
+        items.append(_Item(ins, key, raw=op.raw))  # (a jump has no raw argument)
     if ops[run.stop - 1].instr.name not in _TERMINAL:  # falls through: straight back
         items.append(_Item(_instr("JUMP_BACKWARD", label_for(run.stop), _NOWHERE),
                            _target_key(ops, run.stop)))
@@ -180,22 +178,15 @@ _NOWHERE = InstrLocation(None, None, None, None)
 
 def _attr(name: str, loc) -> Instr:
     """``LOAD_ATTR name`` (3.12+: the plain, not the method, form)."""
-    if loc is not _NOWHERE:
-        return _make("LOAD_ATTR", (False, name) if PY.load_attr_method_flag else name, loc)
-    key = ("LOAD_ATTR", name)
-    ins = _SHARED.get(key)
-    if ins is None:
-        ins = _SHARED[key] = _make("LOAD_ATTR", (False, name) if PY.load_attr_method_flag
-                                   else name, loc)
-    return ins
+    return _instr("LOAD_ATTR", (False, name) if PY.load_attr_method_flag else name, loc)
 
 
-def _import_sys(loc=_NOWHERE) -> list[Instr]:
+def _import_sys() -> list[Instr]:
     """Push the ``sys`` module, reached by name: ``import sys`` (a lookup in
     ``sys.modules``: no frame, no event), once per stub entry -- it stays on
     the stack while the stub needs it."""
-    return [_instr("LOAD_CONST", 0, loc), _instr("LOAD_CONST", _NONE, loc),
-            _instr("IMPORT_NAME", "sys", loc)]
+    return [_instr("LOAD_CONST", 0, _NOWHERE), _none_const(),
+            _instr("IMPORT_NAME", "sys", _NOWHERE)]
 
 
 def _sys_callable(path: list[Instr], sys_at: int, loc=_NOWHERE) -> list[Instr]:
@@ -236,7 +227,7 @@ def _suspend_tracing() -> list:
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
         *_sys_callable(_invisible("setprofile"), 2),
-        _instr("LOAD_CONST", _NONE, _NOWHERE),
+        _none_const(),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
@@ -245,7 +236,7 @@ def _suspend_tracing() -> list:
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
         *_sys_callable(_invisible("settrace"), 3),
-        _instr("LOAD_CONST", _NONE, _NOWHERE),
+        _none_const(),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_trace,
@@ -314,7 +305,9 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool)
         for run in members:
             assert run.cell is not None  # set by ``rewrite`` before any emission
             items.append(_Item(label=run.stub))
-            items.append(_Item(_instr("LOAD_CONST", run.cell.info.ref(run.cell), _NOWHERE), None))
+            # (the cell's own constant: made for it, not shared)
+            items.append(_Item(Instr("LOAD_CONST", run.cell.info.ref(run.cell),
+                                     location=_NOWHERE), None))
             items.append(_Item(_instr("JUMP_FORWARD", head, _NOWHERE), None))
         _emit_group(items, head, base, entry, members, ops, label_for, hooks, generator)
 
