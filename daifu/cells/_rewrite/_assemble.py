@@ -11,7 +11,7 @@ from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from .._cell import Cell, resolve
-from ._emit import _NOWHERE, _Item
+from ._emit import _NOWHERE, _Chunk, _group_items, _Item
 from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, EntryKey, _Op
 
 
@@ -145,105 +145,45 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
     original encodes (``_Item.raw``; the variable, name and constant tables
     are the original's); jumps are laid out here; daifu's own instructions
     (the stubs, most of the code) use a handful of opcodes with plain
-    arguments.  Raises ``_NotSpliced`` for an instruction whose argument it
-    cannot encode: the caller leaves all of it to ``bytecode``."""
+    arguments, and the part of each stub that only depends on its shape
+    (``_Chunk``) is copied from a template assembled once per process.
+    Raises ``_NotSpliced`` for an instruction whose argument it cannot
+    encode: the caller leaves all of it to ``bytecode``."""
+    try:
+        return _splice(items, code, const_updates, stacksize)
+    except _Expand:  # (a constant or name of a template's past index 255: rare)
+        return _splice(expand(items), code, const_updates, stacksize)
+
+
+def expand(items: list[_Item]) -> list[_Item]:
+    """``items`` with every ``_Chunk`` replaced by its instructions."""
+    out: list[_Item] = []
+    for it in items:
+        chunk = it.chunk
+        if chunk is None:
+            out.append(it)
+        else:
+            out += _group_items(*chunk.shape, chunk.fallback, chunk.entry, chunk.hooks)
+    return out
+
+
+class _Expand(Exception):
+    """A template's constant or name index does not fit its one byte here."""
+
+
+def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],
+            stacksize: int) -> types.CodeType:
     consts, names = list(code.co_consts), list(code.co_names)
     for index, value in const_updates.items():
         consts[index] = value
-    const_at: dict = {}  # (type, value) -> index, for the plain values daifu loads
-    for i, value in enumerate(consts):
-        if value is None or type(value) in (int, str):
-            const_at.setdefault((type(value), value), i)
-    name_at = {name: i for i, name in enumerate(names)}
-    opcodes: list[int] = []
-    args: list = []
-    keys: list[EntryKey | None] = []
-    locations: list = []
-    jumps: list[int] = []  # indices of the jumps among them
-    labels: list[tuple[Label, int]] = []  # label -> index of the op after it
-    location = _NOWHERE
-    for it in items:
-        if it.label is not None:
-            labels.append((it.label, len(opcodes)))
-            continue
-        instr = it.instr
-        assert instr is not None  # an item is a label or an instruction
-        loc = instr._location  # noqa: SLF001
-        if loc is not None and loc is not UNSET:
-            location = loc  # (none given: the one before it, as bytecode does)
-        if it.raw is not None:
-            opcode, arg = instr._opcode, it.raw  # noqa: SLF001
-        else:
-            kind = _KINDS.get(id(instr))
-            if kind is None or kind[0] is not instr:
-                kind = _kind(instr)
-            _, opcode, how, arg = kind
-            if how == _CONST:
-                const_key = (type(arg), arg)
-                at = const_at.get(const_key)
-                if at is None:
-                    at = const_at[const_key] = len(consts)
-                    consts.append(arg)
-                arg = at
-            elif how != _PLAIN:
-                name, flag = arg
-                at = name_at.get(name)
-                if at is None:
-                    at = name_at[name] = len(names)
-                    names.append(name)
-                arg = at << 1 | flag if how == _FLAG_NAME else at
-            elif type(arg) is not int:
-                jumps.append(len(opcodes))
-        opcodes.append(opcode)
-        args.append(arg)
-        keys.append(it.key)
-        locations.append(location)
-    n = len(opcodes)
-    # units of each op: EXTENDED_ARG prefixes, itself, its caches; the jumps
-    # start without prefixes and gain them until nothing moves any further
-    units = [_CACHES[op] + 1 + (0 if type(a) is not int else _ext(a))
-             for op, a in zip(opcodes, args)]
-    label_off: dict[Label, int] = {}
-    starts: list[int] = []
-    for _ in range(200):
-        starts = list(itertools.accumulate(units, initial=0))
-        for label, index in labels:
-            label_off[label] = starts[index]
-        moved = False
-        for j in jumps:
-            opcode = opcodes[j]
-            after = starts[j + 1]
-            dest = label_off[args[j]]
-            delta = after - dest if opcode in _BACKWARD_JUMPS else dest - after
-            if delta < 0:
-                raise _NotSpliced("a jump in the wrong direction")
-            need = _CACHES[opcode] + 1 + _ext(delta)
-            if need > units[j]:
-                units[j] = need
-                moved = True
-        if not moved:
-            break
-    else:
-        raise _NotSpliced("jumps did not settle")
-    end = starts[n]
-    for j in jumps:
-        opcode = opcodes[j]
-        dest = label_off[args[j]]
-        args[j] = starts[j + 1] - dest if opcode in _BACKWARD_JUMPS else dest - starts[j + 1]
-    out = bytearray()
-    for opcode, arg, size in zip(opcodes, args, units):
-        caches = _CACHES[opcode]
-        if size > caches + 1:
-            for k in range(size - caches - 1, 0, -1):
-                out += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
-        out += bytes((opcode, arg & 0xFF))
-        if caches:
-            out += bytes(2 * caches)
+    tables = _Tables(consts, names)
+    lay = _Layout(items, tables)
     # the exception table: consecutive instructions with the same entry merged
     table = bytearray()
     run_start, run_stop = 0, 0
     run_key: EntryKey | None = None
-    for start, stop, key in itertools.chain(zip(starts, starts[1:], keys), ((end, end, None),)):
+    label_off = lay.label_off
+    for start, stop, key in itertools.chain(lay.ranges(), ((lay.end, lay.end, None),)):
         if key == run_key and start == run_stop:
             run_stop = stop
             continue
@@ -251,13 +191,220 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
             target, lasti, depth = run_key
             _varint(table, run_start, 0x80)
             _varint(table, run_stop - run_start, 0)
-            _varint(table, label_off[target], 0)
+            _varint(table, target if type(target) is int else label_off[target], 0)
             _varint(table, depth << 1 | int(lasti), 0)
         run_start, run_stop, run_key = start, stop, key
-    lines = _location_table(code.co_firstlineno, starts, locations)
-    return code.replace(co_code=bytes(out), co_consts=tuple(consts), co_names=tuple(names),
+    lines = _location_table(code.co_firstlineno, lay.starts, lay.locations)
+    return code.replace(co_code=lay.code(), co_consts=tuple(consts), co_names=tuple(names),
                         co_exceptiontable=bytes(table), co_linetable=lines,
                         co_stacksize=stacksize)
+
+
+class _Tables:
+    """A code object's constant and name tables, extended as daifu's
+    instructions need (a plain value or a name: its first index)."""
+
+    def __init__(self, consts: list, names: list[str]) -> None:
+        self.consts, self.names = consts, names
+        self.const_at: dict = {}  # (type, value) -> index
+        for i, value in enumerate(consts):
+            if value is None or type(value) in (int, str):
+                self.const_at.setdefault((type(value), value), i)
+        self.name_at = {name: i for i, name in enumerate(names)}
+
+    def index(self, how: int, value) -> int:
+        """The argument encoding ``value`` (``_CONST``, ``_NAME``, ``_FLAG_NAME``)."""
+        if how == _CONST:
+            const_key = (type(value), value)
+            at = self.const_at.get(const_key)
+            if at is None:
+                at = self.const_at[const_key] = len(self.consts)
+                self.consts.append(value)
+            return at
+        name, flag = value
+        at = self.name_at.get(name)
+        if at is None:
+            at = self.name_at[name] = len(self.names)
+            self.names.append(name)
+        return at << 1 | flag if how == _FLAG_NAME else at
+
+
+_CHUNK = -1  # (the opcode of a chunk among the laid-out instructions)
+
+
+class _Layout:
+    """Items encoded and laid out: per instruction (a chunk counts as one)
+    its opcode, argument, exception-table entry, location, size in code
+    units and start; where each label is.  ``patches`` (for a template):
+    the instructions whose argument is an index into the tables, as (index
+    among the instructions, how it is encoded, the value)."""
+
+    def __init__(self, items: list[_Item], tables: _Tables, patches: list | None = None) -> None:
+        opcodes: list[int] = []
+        args: list = []
+        keys: list = []
+        locations: list = []
+        units: list[int] = []
+        jumps: list[int] = []  # indices of the jumps among them
+        labels: list[tuple[Label, int]] = []  # label -> index of the op after it
+        inner: list[tuple[Label, int, int]] = []  # a chunk's label: (label, op index, units in)
+        location = _NOWHERE
+        for it in items:
+            if it.label is not None:
+                labels.append((it.label, len(opcodes)))
+                continue
+            instr = it.instr
+            if instr is None:  # a chunk: its template, its indices filled in
+                chunk = it.chunk
+                assert chunk is not None  # an item is a label, an instruction or a chunk
+                tpl = _template(chunk)
+                body = bytearray(tpl.code)
+                for pos, how, value in tpl.patches:
+                    at = tables.index(how, value)
+                    if at > 0xFF:
+                        raise _Expand
+                    body[pos] = at
+                inner.append((chunk.fallback, len(opcodes), tpl.fallback_at))
+                opcodes.append(_CHUNK)
+                args.append(body)
+                keys.append(chunk)
+                location = _NOWHERE
+                locations.append(location)
+                units.append(tpl.units)
+                continue
+            loc = instr._location  # noqa: SLF001
+            if loc is not None and loc is not UNSET:
+                location = loc  # (none given: the one before it, as bytecode does)
+            if it.raw is not None:
+                opcode, arg = instr._opcode, it.raw  # noqa: SLF001
+            else:
+                kind = _KINDS.get(id(instr))
+                if kind is None or kind[0] is not instr:
+                    kind = _kind(instr)
+                _, opcode, how, arg = kind
+                if how != _PLAIN:
+                    if patches is not None:
+                        patches.append((len(opcodes), how, arg))
+                    arg = tables.index(how, arg)
+                elif type(arg) is not int:
+                    jumps.append(len(opcodes))
+            opcodes.append(opcode)
+            args.append(arg)
+            keys.append(it.key)
+            locations.append(location)
+            units.append(_CACHES[opcode] + 1 + (_ext(arg) if type(arg) is int else 0))
+        # the jumps start without prefixes and gain them until nothing moves
+        label_off: dict[Label, int] = {}
+        starts: list[int] = []
+        for _ in range(200):
+            starts = list(itertools.accumulate(units, initial=0))
+            for label, index in labels:
+                label_off[label] = starts[index]
+            moved = False
+            for j in jumps:
+                opcode = opcodes[j]
+                after = starts[j + 1]
+                dest = label_off[args[j]]
+                delta = after - dest if opcode in _BACKWARD_JUMPS else dest - after
+                if delta < 0:
+                    raise _NotSpliced("a jump in the wrong direction")
+                need = _CACHES[opcode] + 1 + _ext(delta)
+                if need > units[j]:
+                    units[j] = need
+                    moved = True
+            if not moved:
+                break
+        else:
+            raise _NotSpliced("jumps did not settle")
+        for label, index, offset in inner:
+            label_off[label] = starts[index] + offset
+        for j in jumps:
+            opcode = opcodes[j]
+            dest = label_off[args[j]]
+            args[j] = starts[j + 1] - dest if opcode in _BACKWARD_JUMPS else dest - starts[j + 1]
+        self.opcodes, self.args, self.keys, self.locations = opcodes, args, keys, locations
+        self.units, self.starts, self.label_off = units, starts, label_off
+        self.end = starts[len(opcodes)]
+
+    def code(self) -> bytes:
+        out = bytearray()
+        for opcode, arg, size in zip(self.opcodes, self.args, self.units):
+            if opcode == _CHUNK:
+                out += arg
+                continue
+            caches = _CACHES[opcode]
+            if size > caches + 1:
+                for k in range(size - caches - 1, 0, -1):
+                    out += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
+            out += bytes((opcode, arg & 0xFF))
+            if caches:
+                out += bytes(2 * caches)
+        return bytes(out)
+
+    def ranges(self):
+        """(start, stop, exception-table entry) of each instruction, a
+        chunk's as its template's ranges."""
+        starts = self.starts
+        for n, key in enumerate(self.keys):
+            if type(key) is not _Chunk:
+                yield starts[n], starts[n + 1], key
+                continue
+            at, fallback, entry = starts[n], key.fallback, key.entry
+            for start, stop, target, lasti, depth in _template(key).ranges:
+                if target is _OUTER:
+                    yield at + start, at + stop, entry
+                else:  # (the group's fallback label, or a place in the chunk)
+                    yield at + start, at + stop, (fallback if target is None else at + target,
+                                                  lasti, depth)
+
+
+class _Template:
+    """A chunk's code assembled once (``_Layout`` of ``_group_items``): its
+    bytes, where to write the constant and name indices, its exception
+    ranges (relative; the target ``None``: the group's fallback label,
+    ``_OUTER``: the group's outer handler is the whole entry), its size and
+    where its fallback label is."""
+
+    def __init__(self, shape: tuple, hooks) -> None:
+        fallback = Label()
+        patches: list = []
+        lay = _Layout(_group_items(*shape, fallback, _OUTER_KEY, hooks), _Tables([], []), patches)
+        self.code = lay.code()
+        self.patches = []
+        for n, how, value in patches:
+            if lay.units[n] != _CACHES[lay.opcodes[n]] + 1:  # (small tables: no prefix)
+                raise AssertionError("a template instruction with an EXTENDED_ARG")
+            self.patches.append((2 * lay.starts[n] + 1, how, value))
+        self.ranges: list[tuple] = []
+        for start, stop, key in lay.ranges():  # (consecutive ones with the same entry merged)
+            if key is None:
+                continue
+            if key is _OUTER_KEY:
+                here = (_OUTER, False, 0)
+            else:
+                target, lasti, depth = key
+                here = (None if target is fallback else lay.label_off[target], lasti, depth)
+            last = self.ranges[-1] if self.ranges else None
+            if last is not None and last[1] == start and last[2:] == here:
+                self.ranges[-1] = (last[0], stop, *here)
+            else:
+                self.ranges.append((start, stop, *here))
+        self.units, self.fallback_at = lay.end, lay.label_off[fallback]
+
+
+_OUTER = object()
+#: stands for the group's outer handler in a template's items
+_OUTER_KEY = (Label(), False, 0)
+_TEMPLATES: dict[tuple, _Template] = {}
+
+
+def _template(chunk: _Chunk) -> _Template:
+    barrier = chunk.hooks.barrier  # type: ignore[attr-defined]
+    key = (chunk.shape, barrier.__module__, barrier.__name__)
+    tpl = _TEMPLATES.get(key)
+    if tpl is None:
+        tpl = _TEMPLATES[key] = _Template(chunk.shape, chunk.hooks)
+    return tpl
 
 
 def _location_table(firstlineno: int, starts: list[int], locations: list) -> bytes:

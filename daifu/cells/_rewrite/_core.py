@@ -18,6 +18,7 @@ from ._assemble import (
     _NotSpliced,
     _with_try_blocks,
     cell_ranges,
+    expand,
     lasti_offset,
     splice,
 )
@@ -328,7 +329,8 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
     p.continued = continuation is not None
-    _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator)
+    _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator,
+                chunks=_SPLICE and continuation is None)
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
     return items
@@ -349,6 +351,7 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
             pass  # (bytecode assembles the whole of it below)
         except Exception as exc:  # bytecode refused what we built: a daifu bug
             raise Unsupported(f"bytecode assembly failed: {exc}") from exc
+    items = expand(items)
     final_ops, final_labels = _as_ops(items)
     stacksize = max(_analyse_depths(final_ops, final_labels, track_nulls=False),
                     p.code.co_stacksize)

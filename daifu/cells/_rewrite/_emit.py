@@ -31,6 +31,8 @@ class _Item:
     #: the instruction's argument as the original code encodes it (an
     #: original instruction or its retry copy; see ``_Op.raw``)
     raw: int | None = None
+    #: instead of an instruction: the shared part of a stub (``_Chunk``)
+    chunk: _Chunk | None = None
 
 
 def _instr(name: str, arg=None, loc: InstrLocation | None = None) -> Instr:
@@ -290,13 +292,18 @@ def _items(seq: list, key) -> list[_Item]:
     return [_Item(label=x) if isinstance(x, Label) else _Item(x, key) for x in seq]
 
 
-def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool) -> None:
+def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool,
+                chunks: bool = False) -> None:
     """The stubs: every cell's exception-table entry leads to two
     instructions of its own (load the cell's constant, jump) and on to the
     code its group shares -- the cells with the same base depth and outer
     handler -- which calls the barrier with tracing suspended and dispatches
     on the answer.  The constant ``(CELL_MARK, key, index)`` names the cell
-    (``_cell.resolve``): that is how ``cell_ranges`` finds it, too."""
+    (``_cell.resolve``): that is how ``cell_ranges`` finds it, too.
+
+    ``chunks``: the part of a group's code that is the same for every group
+    of its shape (``_group_items``) is one ``_Chunk`` item, which ``splice``
+    copies from a pre-assembled template; otherwise its instructions."""
     groups: dict[tuple, list[_Run]] = {}
     for run in runs:
         groups.setdefault((run.base, run.entry), []).append(run)
@@ -309,12 +316,13 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool)
             items.append(_Item(Instr("LOAD_CONST", run.cell.info.ref(run.cell),
                                      location=_NOWHERE), None))
             items.append(_Item(_instr("JUMP_FORWARD", head, _NOWHERE), None))
-        _emit_group(items, head, base, entry, members, ops, label_for, hooks, generator)
+        items.append(_Item(label=head))
+        _emit_group(items, base, entry, members, ops, label_for, hooks, generator, chunks)
 
 
 def stub_peak(base: int) -> int:
     """The deepest the stack gets in the stub of a group with base depth
-    ``base`` (``_emit_group``): the barrier call's arguments.  On entry
+    ``base`` (``_group_items``): the barrier call's arguments.  On entry
     lasti, exc and the cell's constant (base + 3); sys, profile, trace (+ 3);
     the barrier and its NULL (+ 2); exc, cell, lasti again (base + 11); then
     the ``base`` stack values copied (2 base + 11) and built into one tuple
@@ -322,11 +330,35 @@ def stub_peak(base: int) -> int:
     return max(2 * base + 11, base + 12)
 
 
-def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, label_for, hooks,
-                generator: bool) -> None:
-    fallback, fallback_sys, traced_fallback, answered = Label(), Label(), Label(), Label()
-    on_raise, on_other = Label(), Label()
-    # stack on entry: ..., lasti, exc, ref (the cell's constant)
+@record(eq=False)
+class _Chunk:
+    """The shared part of one group's stub (``_group_items`` for ``shape``),
+    with the group's own ``fallback`` label and outer handler (``entry``)."""
+
+    shape: tuple
+    fallback: Label
+    entry: EntryKey | None
+    hooks: object
+
+
+def _reraise(entry) -> list[_Item]:
+    """``..., lasti, exc, ref, answer`` -> re-raise ``exc`` as it was."""
+    return [_Item(_instr("POP_TOP", loc=_NOWHERE), entry),
+            _Item(_instr("POP_TOP", loc=_NOWHERE), entry),
+            _Item(_instr("RERAISE", 1, _NOWHERE), entry)]
+
+
+def _group_items(b: int, generator: bool, fallback: Label, entry, hooks) -> list[_Item]:
+    """The part of a group's stub that depends only on its shape: base depth
+    ``b`` and whether the code is a generator's (labels of its own but
+    ``fallback``; ``entry``, the outer handler, for its re-raises).  From
+    the stub's entry (stack: ``..., lasti, exc, ref``) through the barrier
+    call and the answers every group has -- re-raise, raise another
+    exception here, continue in new code -- to the point where the
+    group's own answers (its cells' retry, skip, continue) are told apart,
+    which follows it."""
+    fallback_sys, traced_fallback, answered = Label(), Label(), Label()
+    not_raise, on_other, own_answers = Label(), Label(), Label()
     guard_key = (fallback, False, b + 3)  # any failure in the stub: re-raise the original
     sys_key = (fallback_sys, False, b + 4)  # (the same, with sys on the stack)
     traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
@@ -342,19 +374,75 @@ def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, lab
         call.append(_instr("COPY", b + 11, loc))
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
+    items = _items(_import_sys(), guard_key)
+    items += _items(_suspend_tracing(), sys_key)
+    items += _items(call, traced_key)
     # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
-    restore = [answered, *_restore_tracing()]
-    body: list = []
+    items += _items([answered, *_restore_tracing()], sys_key)
+    # re-raise first, straight on: the answer to every exception the program handles
+    items += _items([_instr("COPY", 1, loc), _instr("LOAD_CONST", RAISE_CODE, loc),
+                     _instr("COMPARE_OP", Compare.EQ, loc),
+                     _instr(POP_JUMP_IF_FALSE, not_raise, loc)], guard_key)
+    items += _reraise(entry)
+    # the barrier call failed (RecursionError at the limit): answer "re-raise"
+    items.append(_Item(label=traced_fallback))
+    items += _items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
+                     _instr("JUMP_BACKWARD", answered, loc)], guard_key)
+    items.append(_Item(label=fallback_sys))
+    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
+    items.append(_Item(label=fallback))
+    items += _reraise(entry)
+    # a number: one of the group's own answers (after this); a tuple:
+    # (exception,) raises it here, (function, args) continues in new code
+    items.append(_Item(label=not_raise))
+    items += _items([_instr("MATCH_SEQUENCE", loc=loc),
+                     _instr(POP_JUMP_IF_FALSE, own_answers, loc),
+                     _instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
+                     _instr("COMPARE_OP", Compare.EQ, loc),
+                     _instr(POP_JUMP_IF_TRUE, on_other, loc)], guard_key)
+    if generator:  # no continuation in new code for a generator's frame
+        items += _reraise(entry)
+    else:
+        # continue in new code (a reload changed this very function): call the
+        # continuation and return what it returns.  Not covered by any handler:
+        # the continuation runs the user's with/finally exits itself, and its
+        # exception must leave this frame untouched.
+        items += _items([
+            _instr("SWAP", 4, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+            _instr("POP_TOP", loc=loc),
+            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
+            *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
+              if PY.null_below_callable else
+              [_instr("SWAP", 2, loc), _instr("PUSH_NULL", loc=loc),
+               _instr("SWAP", 2, loc)]),  # fn, NULL, args
+            _instr("CALL_FUNCTION_EX", 0, loc),
+            _instr("RETURN_VALUE", loc=loc),
+        ], None)
+    # (exception,): raised where the statement failed (the barrier gave it a
+    # traceback entry for this frame at the failing instruction); the user's
+    # handlers, with exits and finally blocks see it as if the statement had
+    # raised it
+    items.append(_Item(label=on_other))
+    items += _items([_instr("UNPACK_SEQUENCE", 1, loc),  # ..., lasti, exc, ref, new
+                     _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc),
+                     _instr("POP_TOP", loc=loc)], guard_key)
+    items.append(_Item(_instr("RERAISE", 1, loc), entry))
+    items.append(_Item(label=own_answers))
+    return items
 
-    def branch(code: int, target: Label) -> list:
-        return [_instr("COPY", 1, loc), _instr("LOAD_CONST", code, loc),
-                _instr("COMPARE_OP", Compare.EQ, loc),
-                _instr(POP_JUMP_IF_TRUE, target, loc)]
 
-    # re-raise first: the answer to every exception the program handles
-    body += branch(RAISE_CODE, on_raise)
+def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for, hooks,
+                generator: bool, chunks: bool) -> None:
+    fallback = Label()
+    if chunks:
+        items.append(_Item(chunk=_Chunk((b, generator), fallback, entry, hooks)))
+    else:
+        items += _group_items(b, generator, fallback, entry, hooks)
+    guard_key = (fallback, False, b + 3)
+    loc = _NOWHERE
     # (label, values to pop, where to go, the jump's exception-table entry)
     jumps: list[tuple[Label, int, Label, EntryKey | None]] = []
+    branches: list = []
     for run in members:
         cell = run.cell
         assert cell is not None
@@ -369,58 +457,12 @@ def _emit_group(items, head: Label, b: int, entry, members: list[_Run], ops, lab
         for code, pops, dest, key in targets:
             lab = Label()
             jumps.append((lab, pops, dest, key))
-            body += branch(jump_answer(cell.index, code), lab)
-    # a tuple: (exception,) raises it here; (function, args) continues in new code
-    body += [_instr("GET_LEN", loc=loc), _instr("LOAD_CONST", 1, loc),
-             _instr("COMPARE_OP", Compare.EQ, loc),
-             _instr(POP_JUMP_IF_TRUE, on_other, loc)]
-    if generator:  # no continuation in new code for a generator's frame
-        body.append(_instr("JUMP_FORWARD", on_raise, loc))
-    items.append(_Item(label=head))
-    items.extend(_items(_import_sys(), guard_key))
-    items.extend(_items(_suspend_tracing(), sys_key))
-    items.extend(_items(call, traced_key))
-    items.extend(_items(restore, sys_key))
-    items.extend(_items(body, guard_key))
-    if not generator:
-        # continue in new code (a reload changed this very function): call the
-        # continuation and return what it returns.  Not covered by any handler:
-        # the continuation runs the user's with/finally exits itself, and its
-        # exception must leave this frame untouched.
-        items.extend(_items([
-            _instr("SWAP", 4, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
-            _instr("POP_TOP", loc=loc),
-            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
-            *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
-              if PY.null_below_callable else
-              [_instr("SWAP", 2, loc), _instr("PUSH_NULL", loc=loc),
-               _instr("SWAP", 2, loc)]),  # fn, NULL, args
-            _instr("CALL_FUNCTION_EX", 0, loc),
-            _instr("RETURN_VALUE", loc=loc),
-        ], None))
-    # (exception,): raised where the statement failed (the barrier gave it a
-    # traceback entry for this frame at the failing instruction); the user's
-    # handlers, with exits and finally blocks see it as if the statement had
-    # raised it
-    items.append(_Item(label=on_other))
-    items.extend(_items([_instr("UNPACK_SEQUENCE", 1, loc),  # ..., lasti, exc, ref, new
-                         _instr("SWAP", 3, loc), _instr("POP_TOP", loc=loc),
-                         _instr("POP_TOP", loc=loc)], guard_key))
-    items.append(_Item(_instr("RERAISE", 1, loc), entry))
-    items.append(_Item(label=on_raise))
-    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
-    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
-    items.append(_Item(_instr("RERAISE", 1, loc), entry))
-    # the barrier call failed (RecursionError at the limit): answer "re-raise"
-    items.append(_Item(label=traced_fallback))
-    items.extend(_items([_instr("POP_TOP", loc=loc), _instr("LOAD_CONST", RAISE_CODE, loc),
-                         _instr("JUMP_BACKWARD", answered, loc)], guard_key))
-    items.append(_Item(label=fallback_sys))
-    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
-    items.append(_Item(label=fallback))
-    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
-    items.append(_Item(_instr("POP_TOP", loc=loc), entry))
-    items.append(_Item(_instr("RERAISE", 1, loc), entry))
+            branches += [_instr("COPY", 1, loc), _instr("LOAD_CONST", jump_answer(cell.index, code),
+                                                        loc),
+                         _instr("COMPARE_OP", Compare.EQ, loc),
+                         _instr(POP_JUMP_IF_TRUE, lab, loc)]
+    items += _items(branches, guard_key)
+    items += _reraise(entry)  # (an answer none of the group's cells has: none is given)
     for lab, pops, dest, key in jumps:
         items.append(_Item(label=lab))
         for _ in range(pops):
