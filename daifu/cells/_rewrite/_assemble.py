@@ -163,7 +163,8 @@ def expand(items: list[_Item]) -> list[_Item]:
         if chunk is None:
             out.append(it)
         else:
-            out += _group_items(*chunk.shape, chunk.fallback, chunk.entry, chunk.hooks)
+            b, generator = chunk.shape
+            out += _group_items(b, generator, chunk.fallback, chunk.entry, chunk.hooks)
     return out
 
 
@@ -365,17 +366,25 @@ class _Template:
     ``_OUTER``: the group's outer handler is the whole entry), its size and
     where its fallback label is."""
 
-    def __init__(self, shape: tuple, hooks) -> None:
+    code: bytes
+    patches: list[tuple[int, int, object]]
+    ranges: list[tuple]
+    units: int
+    fallback_at: int
+
+    def __init__(self, shape: tuple[int, bool], hooks) -> None:
         fallback = Label()
         patches: list = []
-        lay = _Layout(_group_items(*shape, fallback, _OUTER_KEY, hooks), _Tables([], []), patches)
+        b, generator = shape
+        lay = _Layout(_group_items(b, generator, fallback, _OUTER_KEY, hooks), _Tables([], []),
+                      patches)
         self.code = lay.code()
         self.patches = []
         for n, how, value in patches:
             if lay.units[n] != _CACHES[lay.opcodes[n]] + 1:  # (small tables: no prefix)
                 raise AssertionError("a template instruction with an EXTENDED_ARG")
             self.patches.append((2 * lay.starts[n] + 1, how, value))
-        self.ranges: list[tuple] = []
+        self.ranges = []
         for start, stop, key in lay.ranges():  # (consecutive ones with the same entry merged)
             if key is None:
                 continue
