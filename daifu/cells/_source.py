@@ -196,15 +196,26 @@ class ModuleSource:
         handlers: dict[tuple[int, int, int, int], ast.ExceptHandler] = {}
         finals: dict[int, ast.Try | ast.TryStar] = {}
         parent: dict[int, ast.AST] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.stmt) or isinstance(node, ast.Module):
-                for block in _child_blocks(node) if isinstance(node, ast.stmt) else [node.body]:
-                    for child in block:
-                        parent[id(child)] = node
-            if isinstance(node, ast.ExceptHandler):
-                handlers[_span(node)] = node
-            elif isinstance(node, (ast.Try, ast.TryStar)) and node.finalbody:
-                finals[node.finalbody[0].lineno] = node
+        tree = self.tree
+        for child in tree.body:  # type: ignore[attr-defined]
+            parent[id(child)] = tree
+        # statements only (no statement is inside an expression): into every
+        # block and every scope's body (a scope's own statements have no parent)
+        stack: list[ast.stmt] = list(tree.body)  # type: ignore[attr-defined]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, _SCOPES):
+                stack.extend(node.body)  # type: ignore[arg-type]
+                continue
+            for block in _child_blocks(node):
+                for child in block:
+                    parent[id(child)] = node
+                stack.extend(block)
+            if isinstance(node, (ast.Try, ast.TryStar)):
+                for handler in node.handlers:
+                    handlers[_span(handler)] = handler
+                if node.finalbody:
+                    finals[node.finalbody[0].lineno] = node
         self._handlers, self._finally, self._parent = handlers, finals, parent
         self._indexed = True
 

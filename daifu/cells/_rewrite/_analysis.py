@@ -42,25 +42,53 @@ def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
 
 
 def _effect(instr: Instr, jump: bool) -> int:
-    """``instr.stack_effect(jump)``, from a table filled as opcodes are met
-    (the rewrite asks it several times per instruction)."""
-    op = instr.opcode
-    arg: Any = instr.arg
+    """``instr.stack_effect(jump)`` (see ``_info``)."""
+    return _info(instr)[3 if jump else 2]
+
+
+def _info(instr: Instr) -> tuple:
+    """What the analysis asks of an instruction, from a table filled as
+    opcodes (and the arguments that matter) are met: (name, has a jump,
+    stack effect falling through, on its jump, then how the may-be-NULL
+    slots change falling through and on the jump (``_null_rule``), then the
+    lowest slot it touches relative to the depth (``_touch``))."""
+    op = instr._opcode  # noqa: SLF001
+    arg: Any = instr._arg  # noqa: SLF001
     if op < _HAVE_ARGUMENT:
         arg = None
     elif type(arg) is tuple:  # LOAD_GLOBAL/LOAD_ATTR...: (flag, name)
         arg = arg[0] if op in _FLAG_OPS else 0
     elif type(arg) is not int or op in _HAS_CONST:
         arg = 0
-    key = (op, arg, jump)
-    effect = _EFFECTS.get(key)
-    if effect is None:
-        if instr.name == "RETURN_GENERATOR":
-            effect = 1  # on resumption the sent value is on the stack (popped next)
-        else:
-            effect = instr.stack_effect(jump=jump)
-        _EFFECTS[key] = effect
-    return effect
+    key = (op, arg)
+    info = _INFOS.get(key)
+    if info is None:
+        info = _INFOS[key] = _make_info(instr)
+    return info
+
+
+def _make_info(instr: Instr) -> tuple:
+    name, jumps = instr.name, instr.has_jump()
+    if name == "RETURN_GENERATOR":
+        # on resumption the sent value is on the stack (popped next); no NULL
+        return (name, jumps, 1, 1, (0, 0, 0), (0, 0, 0), _touch_offset(instr))
+    effects = (instr.stack_effect(jump=False), instr.stack_effect(jump=True))
+    rules = (_null_rule(instr, False, effects[0]),
+             _null_rule(instr, True, effects[1]) if jumps else None)
+    return (name, jumps, *effects, *rules, _touch_offset(instr))
+
+
+def _null_rule(instr: Instr, jump: bool, effect: int) -> tuple[int, int, int]:
+    """(values popped, values pushed, which pushed ones may be NULL)."""
+    if instr.has_jump():
+        pre = instr.pre_and_post_stack_effect(jump=jump)[0]
+    else:
+        pre = instr.pre_and_post_stack_effect()[0]
+    # (bytecode reports a pure push as a positive "pre", and MAP_ADD as
+    # popping one: what an instruction pops is at least what it removes)
+    pops = max(-min(pre, 0), -effect)
+    pushes = effect + pops
+    return pops, pushes, _pushed_nulls(instr) & ((1 << pushes) - 1)
 
 
 _HAVE_ARGUMENT = dis.HAVE_ARGUMENT
@@ -68,7 +96,7 @@ _HAS_CONST = frozenset(dis.hasconst)
 #: the opcodes whose argument's low bit is a flag (``bytecode`` decodes them
 #: as ``(flag, name)``; their stack effect depends on the flag)
 _FLAG_OPS = frozenset(BITFLAG_OPCODES) | frozenset(BITFLAG2_OPCODES)
-_EFFECTS: dict[tuple, int] = {}
+_INFOS: dict[tuple, tuple] = {}
 
 
 def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: bool = True) -> int:
@@ -110,67 +138,70 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: boo
         if op.entry is not None:
             target, lasti, edepth = op.entry
             flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
-        if instr.has_jump():
-            effect = _effect(instr, True)
+        info = _info(instr)
+        name = info[0]
+        if info[1]:  # a jump
+            effect = info[3]
             after = depth + effect
             peak = max(peak, after, depth + max(0, effect))
             flow(label_at[_label_arg(instr)], after,
-                 _nulls_after(instr, depth, op.nulls, True) if track_nulls else 0)
-        if instr.name not in _TERMINAL:
-            after = depth + _effect(instr, False)
+                 _nulls_after(instr, name, info[5], depth, op.nulls) if track_nulls else 0)
+        if name not in _TERMINAL:
+            after = depth + info[2]
             peak = max(peak, after)
-            flow(i + 1, after, _nulls_after(instr, depth, op.nulls, False) if track_nulls else 0)
+            flow(i + 1, after,
+                 _nulls_after(instr, name, info[4], depth, op.nulls) if track_nulls else 0)
     return peak
 
 
-def _nulls_after(instr: Instr, depth: int, nulls: int, jump: bool) -> int:
-    """The may-be-NULL slots after the instruction (see ``_pushed_nulls``)."""
-    name = instr.name
+def _nulls_after(instr: Instr, name: str, rule: tuple[int, int, int], depth: int,
+                 nulls: int) -> int:
+    """The may-be-NULL slots after the instruction (see ``_pushed_nulls``;
+    ``rule``: ``_null_rule``'s for the path taken)."""
     if name == "SWAP":
         a, b = depth - 1, depth - _int_arg(instr)
         bit_a, bit_b = (nulls >> a) & 1, (nulls >> b) & 1
         return (nulls & ~((1 << a) | (1 << b))) | (bit_a << b) | (bit_b << a)
     if name == "COPY":
         return nulls | (((nulls >> (depth - _int_arg(instr))) & 1) << depth)
-    if instr.name == "RETURN_GENERATOR":
+    if name == "RETURN_GENERATOR":
         return 0
-    if instr.has_jump():
-        pre, effect = instr.pre_and_post_stack_effect(jump=jump)[0], _effect(instr, jump)
-    else:
-        pre, effect = instr.pre_and_post_stack_effect()[0], _effect(instr, False)
-    # (bytecode reports a pure push as a positive "pre", and MAP_ADD as
-    # popping one: what an instruction pops is at least what it removes)
-    pops = max(-min(pre, 0), -effect)
-    kept, pushes = depth - pops, effect + pops
-    return (nulls & ((1 << kept) - 1)) | ((_pushed_nulls(instr) & ((1 << pushes) - 1)) << kept)
+    pops, _, pushed = rule
+    kept = depth - pops
+    return (nulls & ((1 << kept) - 1)) | (pushed << kept)
 
 
 def _touch(instr: Instr, depth: int) -> int:
     """Lowest value-stack index the instruction removes or rewrites on its
     fall-through and error paths (reads do not count)."""
+    return depth + _info(instr)[6]
+
+
+def _touch_offset(instr: Instr) -> int:
+    """``_touch`` less the depth."""
     name = instr.name
     arg = _int_arg(instr)  # only read below for opcodes with an int argument
     # bytecode's 3.11 stack model: PRECALL pops the arguments, CALL the
     # callable and self/NULL -- but PRECALL may rewrite those two slots
     # (3.13: CALL pops the callable, self-or-NULL and the arguments: generic)
     if name == "PRECALL":
-        return depth - (arg + 2)
+        return -(arg + 2)
     if name == "CALL" and PY.precall:
-        return depth - 2
+        return -2
     if name in ("COPY", "KW_NAMES", "FOR_ITER", "NOP", "RESUME", "NOT_TAKEN"):
-        return depth
+        return 0
     if name == "SWAP":
-        return depth - arg
+        return -arg
     if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE",
                 "DICT_MERGE"):
-        return depth - 1 - arg
+        return -1 - arg
     if name == "MAP_ADD":
-        return depth - 2 - arg
+        return -2 - arg
     if instr.has_jump():
         pre = min(instr.pre_and_post_stack_effect(jump=True)[0],
                   instr.pre_and_post_stack_effect(jump=False)[0])
     else:
         pre = instr.pre_and_post_stack_effect()[0]
-    return depth + min(pre, 0)
+    return min(pre, 0)
 
 

@@ -124,6 +124,9 @@ def _ext(arg: int) -> int:
 def _varint(out: bytearray, value: int, msb: int) -> None:
     """One exception-table item: 6-bit groups, most significant first, bit 6
     set on all but the last, ``msb`` (bit 7) on the first."""
+    if value < 0x40:
+        out.append(value | msb)
+        return
     shift = 24
     while shift and value < 1 << shift:
         shift -= 6
@@ -293,7 +296,8 @@ class _Layout:
             args.append(arg)
             keys.append(it.key)
             locations.append(location)
-            units.append(_CACHES[opcode] + 1 + (_ext(arg) if type(arg) is int else 0))
+            units.append(_CACHES[opcode] + (1 if type(arg) is not int or arg < 0x100
+                                            else 1 + _ext(arg)))
         # the jumps start without prefixes and gain them until nothing moves
         label_off: dict[Label, int] = {}
         starts: list[int] = []
@@ -428,49 +432,47 @@ def _location_table(firstlineno: int, starts: list[int], locations: list) -> byt
     i = 0
     while i < n:
         loc = locations[i]
-        here = (loc.lineno, loc.end_lineno, loc.col_offset, loc.end_col_offset)
+        lineno, end_line, col, end_col = here = (loc.lineno, loc.end_lineno, loc.col_offset,
+                                                 loc.end_col_offset)
         j = i + 1
-        while j < n and (locations[j] is loc or (
-                locations[j].lineno, locations[j].end_lineno, locations[j].col_offset,
-                locations[j].end_col_offset) == here):
+        while j < n:
+            other = locations[j]
+            if other is not loc and (other.lineno, other.end_lineno, other.col_offset,
+                                     other.end_col_offset) != here:
+                break
             j += 1
         length = starts[j] - starts[i]
-        lineno, end_line, col, end_col = here
+        i = j
         if lineno is None:
-            head, first, rest = 0x80 | _NO_LOCATION << 3, b"", b""
-        elif col is None or end_col is None or end_line is None:
-            head = 0x80 | _NO_COLUMNS << 3
-            first, rest = _svarint(lineno - line), _svarint(0)
-            line = lineno
-        else:
-            head = 0x80 | _LONG << 3
-            tail = _uvarint(end_line - lineno) + _uvarint(col + 1) + _uvarint(end_col + 1)
-            first, rest = _svarint(lineno - line) + tail, _svarint(0) + tail
-            line = lineno
-        body = first
+            while length > 0:
+                chunk = min(length, 8)
+                out.append(0x80 | _NO_LOCATION << 3 | (chunk - 1))
+                length -= chunk
+            continue
+        columns = not (col is None or end_col is None or end_line is None)
+        head = 0x80 | (_LONG if columns else _NO_COLUMNS) << 3
+        delta = lineno - line
+        line = lineno
         while length > 0:
             chunk = min(length, 8)
             out.append(head | (chunk - 1))
-            out += body
-            body = rest
+            _uvarint_to(out, (-delta) << 1 | 1 if delta < 0 else delta << 1)
+            if columns:
+                _uvarint_to(out, end_line - lineno)
+                _uvarint_to(out, col + 1)
+                _uvarint_to(out, end_col + 1)
+            delta = 0
             length -= chunk
-        i = j
     return bytes(out)
 
 
-def _uvarint(value: int) -> bytes:
+def _uvarint_to(out: bytearray, value: int) -> None:
     """A location-table varint: 6-bit groups, least significant first, bit 6
     set on all but the last."""
-    out = bytearray()
     while value >= 0x40:
         out.append((value & 0x3F) | 0x40)
         value >>= 6
     out.append(value)
-    return bytes(out)
-
-
-def _svarint(value: int) -> bytes:
-    return _uvarint((-value) << 1 | 1 if value < 0 else value << 1)
 
 
 _NO_COLUMNS, _LONG = 13, 14  # (location-table codes, 3.11+)
