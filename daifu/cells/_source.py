@@ -197,15 +197,15 @@ class ModuleSource:
         finals: dict[int, ast.Try | ast.TryStar] = {}
         parent: dict[int, ast.AST] = {}
         tree = self.tree
-        for child in tree.body:  # type: ignore[attr-defined]
+        for child in tree.body:
             parent[id(child)] = tree
         # statements only (no statement is inside an expression): into every
         # block and every scope's body (a scope's own statements have no parent)
-        stack: list[ast.stmt] = list(tree.body)  # type: ignore[attr-defined]
+        stack: list[ast.stmt] = list(tree.body)
         while stack:
             node = stack.pop()
             if isinstance(node, _SCOPES):
-                stack.extend(node.body)  # type: ignore[arg-type]
+                stack.extend(node.body)
                 continue
             for block in _child_blocks(node):
                 for child in block:
