@@ -299,9 +299,11 @@ def test_rewrite_against_the_bytecode_yardstick():
     ratio = statistics.median(a) / statistics.median(b)
     record("Import cost", f"rewrite of one function ({len(codes)} methods)",
            statistics.median(a) / len(codes) * 1e6, "us", "<= 2x the yardstick",
-           f"{ratio:.1f}x the yardstick (not met: see limitations.md)")
+           f"{ratio:.1f}x the yardstick (the whole module: its code, class bodies, methods)")
     record("Import cost", "  yardstick: bytecode's decode + assemble of it",
            statistics.median(b) / len(codes) * 1e6, "us")
+    if ASSERT:
+        assert ratio <= 2.0, f"the rewrite takes {ratio:.1f}x bytecode's decode + assemble"
 
 
 def test_cold_start_of_a_program_of_small_functions(tmp_path):
