@@ -500,6 +500,125 @@ def test_a_tracer_sees_the_same_events_for_an_exception_the_program_handles():
     assert called <= {"list.append", "getprofile", "setprofile"}
 
 
+PASSING = '''
+    import weakref
+
+    class Probe:
+        pass
+
+    probes = []
+
+    def inner(d, k):
+        probe = Probe()  # (kept alive by the frame: as long as the exception is)
+        probes.append(weakref.ref(probe))
+        return d[k]
+
+    def mid(d, k, depth):
+        if depth:
+            return mid(d, k, depth - 1)
+        return inner(d, k)
+
+    def outer(n, depth, reraise=False):
+        hits = 0
+        for i in range(n):
+            try:
+                mid({}, i, depth)
+            except KeyError:
+                hits += 1
+                if reraise:
+                    raise
+        return hits
+
+    def top(n, depth):
+        caught = 0
+        for _ in range(n):
+            try:
+                outer(1, depth, reraise=True)
+            except KeyError:
+                caught += 1
+        return caught
+
+    class Lazy:
+        @property
+        def value(self):
+            return self._value  # never set: AttributeError, which hasattr swallows
+
+    def through_c(obj):
+        try:
+            return hasattr(obj, "value")
+        except AttributeError:  # (what a walk of the callers finds)
+            return "caught"
+'''
+
+
+def _count_judgements(monkeypatch):
+    """How many barriers were called (each asks ``caught_above`` first)."""
+    from daifu.engine import _barrier
+
+    calls = []
+    real = _barrier.caught_above
+
+    def counted(exc, frame):
+        calls.append(frame.f_code.co_name)
+        return real(exc, frame)
+
+    monkeypatch.setattr(_barrier, "caught_above", counted)
+    return calls
+
+
+def test_an_exception_caught_many_vaccinated_frames_up_calls_one_barrier(monkeypatch):
+    # the first barrier finds the frame that catches it; the stubs between
+    # let it pass without a call (``_barrier.passing``), and the catching
+    # frame's stub lets go of it: nothing of it is held afterwards
+    from daifu.engine import _barrier
+
+    ns = vaccinate(PASSING, name="passing")
+    calls = _count_judgements(monkeypatch)
+    assert ns["outer"](50, 6) == 50
+    assert calls == ["inner"] * 50  # not inner, mid x 7, outer for each raise
+    assert _barrier.passing == [None, None]
+    assert all(ref() is None for ref in ns["probes"])  # every exception's frames freed
+
+
+def test_an_exception_its_catcher_raises_again_is_judged_again(monkeypatch):
+    # ``raise`` in the handler of the frame that caught it: the exception
+    # leaves that frame anew, and the barrier of the ``raise`` statement
+    # judges it again (and then top's, where it goes next)
+    ns = vaccinate(PASSING, name="passing_again")
+    calls = _count_judgements(monkeypatch)
+    assert ns["top"](20, 3) == 20
+    assert calls == ["inner", "outer", "top"] * 20
+    plain_ns = __import__("tests.support", fromlist=["plain"]).plain(PASSING)
+    assert plain_ns["top"](20, 3) == 20
+
+
+def test_an_exception_c_code_swallows_is_not_held():
+    # hasattr (C) swallows the property's exception although a caller
+    # further up would catch it: the stubs between never see it pass, so
+    # nothing may be left waiting for it
+    from daifu.engine import _barrier
+
+    ns = vaccinate(PASSING, name="passing_c")
+    for _ in range(3):
+        assert ns["through_c"](ns["Lazy"]()) is False  # as under plain python
+        assert _barrier.passing == [None, None]
+
+
+def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs():
+    vaccinated = vaccinate(PASSING, name="passing_traced")["outer"]
+    original = __import__("tests.support", fromlist=["plain"]).plain(
+        PASSING, name="passing_traced")["outer"]
+    got, trace, profile = _record(vaccinated, 3, 4)
+    want, plain_trace, plain_profile = _record(original, 3, 4)
+    assert got == want == 3
+    assert [e[0] + e[2] + str(e[3]) for e in trace] == [
+        e[0] + e[2] + str(e[3]) for e in plain_trace]
+    assert not _daifu_frames(trace) and not _daifu_frames(profile)
+    called = {e[3] for e in profile if e[0] == "c_call"}
+    assert called <= {"list.append", "getprofile", "setprofile"} | {
+        e[3] for e in plain_profile if e[0] == "c_call"}
+
+
 def test_a_tracer_and_profiler_see_no_daifu_frame_while_a_crash_is_fixed():
     ns = vaccinate(TRACED)
 

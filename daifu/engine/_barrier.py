@@ -9,7 +9,7 @@ import types
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
-from ._guards import caught_above
+from ._guards import caught_above, take_passing
 
 
 def _cheap_import_sys() -> None:
@@ -32,12 +32,25 @@ def _cheap_import_sys() -> None:
 _cheap_import_sys()
 
 
+#: ``[exception, frame]``: the exception a barrier found the program to catch
+#: surely, in that frame, with nothing between that could catch it or keep
+#: it from getting there (``_guards.take_passing``).  The stubs of the
+#: frames between re-raise it without calling anything; the catching frame's
+#: stub empties the list (so does every barrier call: a list that still
+#: holds something then holds an exception that went another way).  Read by
+#: the stubs by name: ``sys.modules[__name__].passing``
+#: (``cells._rewrite._emit.PASSING``).
+passing: list = [None, None]
+
+
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:
     """Crash barrier, called by the stub of the cell ``ref`` names
     (``cells.resolve``): return one of ``_cell``'s answers (``RAISE_CODE``:
     re-raise the exception exactly as it was; a retry, skip or continue as
     the number the stub of that very cell dispatches on).  Never raises."""
     try:
+        if passing[0] is not None:
+            passing[0] = passing[1] = None
         frame = sys._getframe(1)
         # the program's own exception on its way to the frame a barrier below
         # found to catch it (``caught_above``): re-raise at once
@@ -53,7 +66,13 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
                 return RAISE_CODE
         answer = ENGINE.on_exception(exc, cell, lasti, stack, frame)
         if isinstance(answer, int):
-            return answer if answer == RAISE_CODE else jump_answer(cell.index, answer)
+            if answer != RAISE_CODE:
+                return jump_answer(cell.index, answer)
+            catcher = take_passing()
+            if catcher is not None and not ENGINE._pending and not ENGINE._forward:
+                passing[1] = catcher
+                passing[0] = exc
+            return RAISE_CODE
         if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry
             new = answer[0]
             new.__traceback__ = types.TracebackType(  # (lasti counts 2-byte units)

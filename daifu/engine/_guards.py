@@ -309,6 +309,10 @@ class _Memo(threading.local):
     #: four fields: its address, its frame's, the code, the offset); see
     #: ``caught_above``
     caught: tuple | None = None
+    #: the frame that surely catches the exception ``handled_above`` last
+    #: looked at, when nothing between can catch it or keep it from getting
+    #: there and that frame's own stub will see it (``take_passing``)
+    passing: types.FrameType | None = None
 
 
 _seen = _Memo()
@@ -380,20 +384,51 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     "a vaccinated caller will decide", never the other way, so a search that
     finds a catch needs none of those reads (each is a layout-checked read
     of the interpreter frame, the dearest step of the walk)."""
-    _seen.caught = None  # (a search of its own: no memo of another's stands)
+    _seen.caught = _seen.passing = None  # (a search of its own: no memo of another's stands)
     transparent = True  # every frame so far belongs to a target file
+    plain = True  # every frame so far reached by a call, and surely not catching
     left: list[tuple[types.FrameType, types.FrameType]] = []  # frames left by a call
     deciding = 0  # a C boundary among the first ``deciding`` calls: a vaccinated caller decides
-    for f, caller, via_call in _exception_path(frame):
-        if caller is None:
-            return True  # the program keeps it (gather(..., return_exceptions=True))
+    f, fcode = frame, frame.f_code
+    steps = None  # the general path (``_exception_path``), once a coroutine is met
+    facts_of = _FACTS.get
+    while True:
+        if steps is None and not fcode.co_flags & _CO_COROUTINE:
+            caller = f.f_back  # (a plain call: the common case, walked here)
+            if caller is None:
+                break
+            via_call = True
+        else:
+            if steps is None:
+                steps = _exception_path(f)
+            step = next(steps, None)
+            if step is None:
+                break
+            f, caller, via_call = step
+            if caller is None:
+                return True  # the program keeps it (gather(..., return_exceptions=True))
+            fcode = f.f_code
         code = caller.f_code
+        lasti = caller.f_lasti
+        facts = facts_of((id(code), lasti))
+        if facts is None or facts[0] is not code:
+            facts = _facts(code, lasti)
+        _, vaccinated, guards, callee, via_c = facts
         if via_call:
             left.append((f, caller))
+            if plain:  # (is the call surely not through C? see ``_facts``)
+                if callee is not fcode:
+                    via_c = facts[4] = _c_entry(f, caller)
+                    facts[3] = fcode
+                if via_c is not False:
+                    plain = False
+        else:
+            plain = False
+        f, fcode = caller, code
         library = code.co_filename not in targets
         if library:
             transparent = False
-        vaccinated_here = transparent and cells_of(code) is not None
+        vaccinated_here = transparent and vaccinated
         if vaccinated_here:
             deciding = len(left)
         # a library frame's handlers count too when they name the exception
@@ -401,22 +436,81 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         # function, unittest's assertRaises, torch.utils.checkpoint's own
         # internal exception); its catch-alls do not: ``except Exception`` in
         # pytest, IPython or a thread pool reports a crash, it does not fix it
-        guards = guards_at(code, caller.f_lasti)
         if guards:
             verdict = would_catch(guards, exc, caller, None, specific_only=library)
             if verdict:
                 head = exc.__traceback__
                 if head is not None and head.tb_frame is frame:
                     _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
+                    if plain and vaccinated_here and _reaches_stub(caller):
+                        _seen.passing = caller
                 return True
-            if verdict is None and vaccinated_here:
-                return True
+            if verdict is None:
+                if vaccinated_here:
+                    return True
+                plain = False
     if deciding:
         # C code in between may catch; if not, that caller's barrier decides
         back, _ = backend()
         if back is not None:
             return any(_entered_from_c(f, caller, back) for f, caller in left[:deciding])
     return False
+
+
+def _facts(code: types.CodeType, lasti: int) -> list:
+    """What the walk asks of a caller, kept in ``_FACTS``: is ``code``
+    vaccinated, the handlers around byte ``lasti``; then the code this call
+    site was last seen to enter and whether through C (``_c_entry``).
+    The last two only let an exception pass the stubs between
+    (``_barrier.passing``): a site that enters the same code both directly
+    and through C code that catches (``hasattr`` one time, a plain call the
+    next) would, at worst, leave the last such exception held until the next
+    barrier call."""
+    facts = [code, cells_of(code) is not None, guards_at(code, lasti), None, None]
+    _FACTS[(id(code), lasti)] = facts  # (the entry holds the code: its id stays its own)
+    if len(_FACTS) > 4096:
+        try:
+            del _FACTS[next(iter(_FACTS))]
+        except (KeyError, RuntimeError, StopIteration):  # (another thread got there first)
+            pass
+    return facts
+
+
+#: (id(code), offset) -> ``_facts`` (the code first: checked by identity)
+_FACTS: dict[tuple[int, int], list] = {}
+
+
+def _reaches_stub(catcher: types.FrameType) -> bool:
+    """Will the exception reach ``catcher``'s own stub (its instruction is
+    in one of its cells)?"""
+    info = cells_of(catcher.f_code)
+    return info is not None and cell_at(info, catcher.f_code, catcher.f_lasti) is not None
+
+
+def _c_entry(frame: types.FrameType, caller: types.FrameType) -> bool | None:
+    """Was ``frame`` entered from C code that could catch (not ``f(*args)``),
+    or resumed as a generator?  None: the frame layout could not be read."""
+    if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
+        return True  # resumed by next() or send(): C in between
+    back, _ = backend()
+    if back is None:
+        return None
+    entry = back.called_from_c(frame)
+    if not entry:
+        return entry
+    return not back.calls_unpacked(caller.f_code, caller.f_lasti)
+
+
+def take_passing() -> types.FrameType | None:
+    """The frame ``handled_above`` last found to catch the exception surely,
+    with nothing between (see ``_Memo.passing``); forgotten once asked, and
+    with it the memo ``caught_above`` reads: the stubs between let the
+    exception pass instead, and the catching frame's stub lets go of it, so
+    that an exception leaving that frame again is judged anew."""
+    frame = _seen.passing
+    if frame is not None:
+        _seen.passing = _seen.caught = None
+    return frame
 
 
 def _exception_path(frame: types.FrameType):

@@ -208,6 +208,49 @@ def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
             _instr("BINARY_SUBSCR", loc=loc), _attr(fn.__name__, loc)]
 
 
+#: the attribute of the barrier's module that holds the exception a barrier
+#: found the program to catch, on its way there (see ``engine._barrier``)
+PASSING = "passing"
+
+
+def _passing(hooks, sys_key, entry) -> list[_Item]:
+    """``[sys]`` -> ``[sys]``, or re-raise at once: the exception a barrier
+    below found the program to catch, on its way to the frame that catches
+    it, passes this stub without calling anything.  The barrier's module
+    holds ``passing = [exception, catching frame]`` while such an exception
+    travels (``engine._barrier``); the catching frame's own stub empties it.
+    Attribute reads, subscripts and identity tests only: no call, no event
+    for a profiler or tracer."""
+    fn = hooks.barrier
+    slow, pass_on = Label(), Label()
+    loc = _NOWHERE
+    # stack: ..., lasti, exc, ref, sys
+    check = [
+        _instr("COPY", 1, loc), _attr("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
+        _instr("BINARY_SUBSCR", loc=loc), _attr(PASSING, loc),  # sys, passing
+        _instr("COPY", 1, loc), _instr("LOAD_CONST", 0, loc),
+        _instr("BINARY_SUBSCR", loc=loc),  # sys, passing, passing[0]
+        _instr("COPY", 5, loc), _instr("IS_OP", 0, loc),
+        _instr(POP_JUMP_IF_FALSE, slow, loc),
+        # passing on: is this the frame that catches it?  (the exception's
+        # newest traceback entry is this frame's)
+        _instr("COPY", 4, loc), _attr("__traceback__", loc), _attr("tb_frame", loc),
+        _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc), _instr("BINARY_SUBSCR", loc=loc),
+        _instr("IS_OP", 0, loc), _instr(POP_JUMP_IF_FALSE, pass_on, loc),
+        # arrived: nothing is kept for it any longer
+        _none_const(), _instr("COPY", 2, loc), _instr("LOAD_CONST", 0, loc),
+        _instr("STORE_SUBSCR", loc=loc),
+        _none_const(), _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc),
+        _instr("STORE_SUBSCR", loc=loc),
+    ]
+    items = _items(check, sys_key)
+    items.append(_Item(label=pass_on))
+    items += [_Item(_instr("POP_TOP", loc=loc), entry), *_reraise(entry)]  # (passing, sys)
+    items.append(_Item(label=slow))
+    items.append(_Item(_instr("POP_TOP", loc=loc), sys_key))
+    return items
+
+
 def _invisible(name: str) -> list[Instr]:
     """``sys`` -> ``sys.<name>.__call__``: calling it emits no profile event."""
     return [_attr(name, _NOWHERE), _attr("__call__", _NOWHERE)]
@@ -375,6 +418,7 @@ def _group_items(b: int, generator: bool, fallback: Label, entry, hooks) -> list
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
     items = _items(_import_sys(), guard_key)
+    items += _passing(hooks, sys_key, entry)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
     # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
