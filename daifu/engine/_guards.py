@@ -261,14 +261,25 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
     exit_iter = iter(exits) if exits is not None else None
     ns = _Namespace(frame)
     uncertain = False
+    mro = type(exc).__mro__
     for guard in guards:
         if isinstance(guard, ExceptGuard):
             for clause in guard.clauses:
-                if clause.bare or clause.test is None:
+                test = clause.test
+                if clause.bare or test is None:
                     matched: bool | None = not specific_only
                 else:
-                    spec = eval_ref(clause.test, ns)
-                    if not _is_exception_spec(spec):
+                    if (test.scope == "global" and not test.attrs and test.items is None
+                            and not test.is_const):
+                        # the commonest, ``except KeyError``: a global or builtin
+                        spec = frame.f_globals.get(test.name, _UNKNOWN)
+                        if spec is _UNKNOWN:
+                            spec = ns.lookup(test.name, "global")
+                    else:
+                        spec = eval_ref(test, ns)
+                    if isinstance(spec, type) and issubclass(spec, BaseException):
+                        matched = spec in mro and not (specific_only and spec in _CATCH_ALL)
+                    elif not _is_exception_spec(spec):
                         matched = not specific_only
                     elif specific_only and any(c in _CATCH_ALL for c in _classes(spec)):
                         matched = False
@@ -387,7 +398,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     _seen.caught = _seen.passing = None  # (a search of its own: no memo of another's stands)
     transparent = True  # every frame so far belongs to a target file
     plain = True  # every frame so far reached by a call, and surely not catching
-    left: list[tuple[types.FrameType, types.FrameType]] = []  # frames left by a call
+    left: list[types.FrameType] = []  # frames left by a call (to their ``f_back``)
     deciding = 0  # a C boundary among the first ``deciding`` calls: a vaccinated caller decides
     f, fcode = frame, frame.f_code
     steps = None  # the general path (``_exception_path``), once a coroutine is met
@@ -413,22 +424,22 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         facts = facts_of((id(code), lasti))
         if facts is None or facts[0] is not code:
             facts = _facts(code, lasti)
-        _, vaccinated, guards, callee, via_c = facts
         if via_call:
-            left.append((f, caller))
+            left.append(f)
             if plain:  # (is the call surely not through C? see ``_facts``)
-                if callee is not fcode:
-                    via_c = facts[4] = _c_entry(f, caller)
+                if facts[3] is not fcode:
+                    facts[4] = _c_entry(f, caller)
                     facts[3] = fcode
-                if via_c is not False:
+                if facts[4] is not False:
                     plain = False
         else:
             plain = False
+        guards = facts[2]
         f, fcode = caller, code
         library = code.co_filename not in targets
         if library:
             transparent = False
-        vaccinated_here = transparent and vaccinated
+        vaccinated_here = transparent and facts[1]
         if vaccinated_here:
             deciding = len(left)
         # a library frame's handlers count too when they name the exception
@@ -453,7 +464,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         # C code in between may catch; if not, that caller's barrier decides
         back, _ = backend()
         if back is not None:
-            return any(_entered_from_c(f, caller, back) for f, caller in left[:deciding])
+            return any(_entered_from_c(f, back) for f in left[:deciding])
     return False
 
 
@@ -602,10 +613,12 @@ def _awaiters(future: Any, leaving: types.FrameType, seen: set[int]):
     # no known awaiter (asyncio.wait, TaskGroup, callbacks ...): nothing more is known
 
 
-def _entered_from_c(frame: types.FrameType, caller: types.FrameType, back) -> bool:
+def _entered_from_c(frame: types.FrameType, back) -> bool:
+    """Was ``frame`` entered from C code that may catch (by its caller)?"""
     if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
         return False  # resumed by next(): no C code that catches (but StopIteration)
-    if not back.called_from_c(frame):
+    caller = frame.f_back
+    if caller is None or not back.called_from_c(frame):
         return False
     # f(*args, **kw) goes through C but catches nothing
     return not back.calls_unpacked(caller.f_code, caller.f_lasti)
