@@ -576,18 +576,19 @@ def test_an_exception_caught_many_vaccinated_frames_up_calls_one_barrier(monkeyp
     calls = _count_judgements(monkeypatch)
     assert ns["outer"](50, 6) == 50
     assert calls == ["inner"] * 50  # not inner, mid x 7, outer for each raise
-    assert _barrier.passing == [None, None]
+    assert _barrier.passing[:2] == [None, None]
     assert all(ref() is None for ref in ns["probes"])  # every exception's frames freed
 
 
 def test_an_exception_its_catcher_raises_again_is_judged_again(monkeypatch):
     # ``raise`` in the handler of the frame that caught it: the exception
     # leaves that frame anew, and the barrier of the ``raise`` statement
-    # judges it again (and then top's, where it goes next)
+    # judges it again (top's own ``except KeyError`` then takes it without
+    # a barrier call: its stub sends it there)
     ns = vaccinate(PASSING, name="passing_again")
     calls = _count_judgements(monkeypatch)
     assert ns["top"](20, 3) == 20
-    assert calls == ["inner", "outer", "top"] * 20
+    assert calls == ["inner", "outer"] * 20
     plain_ns = __import__("tests.support", fromlist=["plain"]).plain(PASSING)
     assert plain_ns["top"](20, 3) == 20
 
@@ -601,7 +602,80 @@ def test_an_exception_c_code_swallows_is_not_held():
     ns = vaccinate(PASSING, name="passing_c")
     for _ in range(3):
         assert ns["through_c"](ns["Lazy"]()) is False  # as under plain python
-        assert _barrier.passing == [None, None]
+        assert _barrier.passing[:2] == [None, None]
+
+
+OWN_HANDLER = '''
+    class MyError(Exception):
+        pass
+
+    NotAClass = 3
+
+    def eafp(n):
+        d, hits = {}, 0
+        for i in range(n):
+            try:
+                d[i]
+            except KeyError:
+                hits += 1
+        return hits
+
+    def other(n):
+        for i in range(n):
+            try:
+                {}[i]
+            except MyError:  # not what is raised: it goes on up
+                pass
+
+    def undefined():
+        try:
+            {}[0]
+        except Undefined:  # noqa: F821 (plain python raises NameError here)
+            pass
+
+    def not_a_class():
+        try:
+            {}[0]
+        except NotAClass:
+            pass
+'''
+
+
+def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(monkeypatch):
+    # ``try: d[k]`` / ``except KeyError``: the stub sends the exception
+    # straight to the function's own handler while the engine is quiet
+    from daifu.engine import _barrier
+
+    ns = vaccinate(OWN_HANDLER, name="own_handler")
+    calls = _count_judgements(monkeypatch)
+    assert ns["eafp"](30) == 30
+    assert calls == []
+    # a retry or decision in flight, a pause requested: every barrier is asked
+    _barrier.passing[2] = False
+    assert ns["eafp"](3) == 3
+    assert calls == ["eafp"]  # (and the barrier found the engine quiet again)
+    assert _barrier.passing[2] is True
+    assert ns["eafp"](3) == 3 and calls == ["eafp"]
+
+
+def test_a_handler_that_does_not_match_leaves_the_exception_to_the_barrier(monkeypatch):
+    ns = vaccinate(OWN_HANDLER, name="own_handler_other")
+    calls = _count_judgements(monkeypatch)
+    with pytest.raises(KeyError):
+        ns["other"](1)
+    assert calls == ["other"]
+
+
+@pytest.mark.parametrize("fn, error", [("undefined", NameError), ("not_a_class", TypeError)])
+def test_an_except_clause_that_fails_fails_as_under_plain_python(fn, error):
+    # the stub's own test of the clause fails: it leaves the exception to the
+    # handler, which fails the same way python's does
+    ns = vaccinate(OWN_HANDLER, name=f"own_handler_{fn}")
+    plain_ns = __import__("tests.support", fromlist=["plain"]).plain(OWN_HANDLER)
+    for namespace in (ns, plain_ns):
+        with pytest.raises(error) as info:
+            namespace[fn]()
+        assert isinstance(info.value.__context__, KeyError)
 
 
 def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs():

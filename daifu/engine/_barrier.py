@@ -8,8 +8,9 @@ import types
 
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
+from ._break import armed as _break_armed
 from ._engine import ENGINE
-from ._guards import caught_above, take_passing
+from ._guards import caught_above, passing, take_passing
 
 
 def _cheap_import_sys() -> None:
@@ -32,15 +33,9 @@ def _cheap_import_sys() -> None:
 _cheap_import_sys()
 
 
-#: ``[exception, frame]``: the exception a barrier found the program to catch
-#: surely, in that frame, with nothing between that could catch it or keep
-#: it from getting there (``_guards.take_passing``).  The stubs of the
-#: frames between re-raise it without calling anything; the catching frame's
-#: stub empties the list (so does every barrier call: a list that still
-#: holds something then holds an exception that went another way).  Read by
-#: the stubs by name: ``sys.modules[__name__].passing``
-#: (``cells._rewrite._emit.PASSING``).
-passing: list = [None, None]
+# ``passing`` (imported above) is read by the stubs by name, as
+# ``sys.modules[__name__].passing`` (``cells._rewrite._emit.PASSING``)
+__all__ = ["barrier", "passing"]
 
 
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:
@@ -65,6 +60,9 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
             if cell is None:  # code of a vaccination this process does not know
                 return RAISE_CODE
         answer = ENGINE.on_exception(exc, cell, lasti, stack, frame)
+        # (quiet: nothing for a barrier to do about an exception the function's
+        # own handler catches; the engine makes it False as soon as it has)
+        passing[2] = not (ENGINE._pending or ENGINE._forward or _break_armed())
         if isinstance(answer, int):
             if answer != RAISE_CODE:
                 return jump_answer(cell.index, answer)

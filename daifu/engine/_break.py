@@ -102,10 +102,12 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
 def arm(frame: types.FrameType | None) -> None:
     """Pause at the next statement of a vaccinated frame of this thread."""
     from ..cells import cells_of
+    from ._guards import passing
 
     with _lock:
         _state["armed"] = True
         _state["until"] = time.monotonic() + ARMED_S
+        passing[2] = False  # (no stub may pass an exception on without its barrier now)
         f = frame
         while f is not None:
             if cells_of(f.f_code) is not None:
@@ -113,6 +115,11 @@ def arm(frame: types.FrameType | None) -> None:
                 _armed.append(f)
             f = f.f_back
     sys.settrace(_global)
+
+
+def armed() -> bool:
+    """Is a pause requested (``arm``) and not yet over?"""
+    return bool(_state["armed"])
 
 
 def _disarm() -> None:

@@ -60,7 +60,7 @@ from ._events import (
     held,
     write,
 )
-from ._guards import cell_range, handled_above, would_catch
+from ._guards import cell_range, handled_above, passing, would_catch
 from ._queue import (
     AlwaysPatch,
     Apply,
@@ -501,6 +501,7 @@ class Engine:
         decision, reason, upward = res.decision, res.reason, res.upward
         if upward is not None:  # the decision is for a caller: hand the exception up
             self._forward[id(crash.exception)] = upward
+            passing[2] = False  # (the stubs ask their barriers until it is delivered)
             self._record("outcome", crash, "pass", f"to caller frame {upward[2].frame}")
             self._count("passed", 1)
             what = upward[2].decision.value if isinstance(upward[2], DecisionPatch) \
@@ -538,6 +539,7 @@ class Engine:
                 return RETRY_CODE  # (no attempt to count: the statement had not started)
             with self._lock:
                 self._pending[key] = _Pending(crash.attempt, crash.started)
+                passing[2] = False  # (the stubs ask their barriers until it is over)
                 while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
                     self._pending.pop(next(iter(self._pending)))
             return RETRY_CODE

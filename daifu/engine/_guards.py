@@ -313,6 +313,23 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
 _CATCH_ALL = (BaseException, Exception)
 
 
+#: ``[exception, frame, quiet]``, read by every stub before it calls its
+#: barrier (``cells._rewrite._emit._passing``; in ``_barrier``'s namespace):
+#:
+#: * the exception a barrier found the program to catch surely, in that
+#:   frame, with nothing between that could catch it or keep it from getting
+#:   there (``take_passing``): the stubs of the frames between re-raise it
+#:   without calling anything, and the catching frame's stub empties both
+#:   slots -- so does every barrier call (slots that still hold something
+#:   then hold an exception that went another way);
+#: * quiet: no retry or decision in flight and no pause requested -- a stub
+#:   whose function's own ``except Name:`` catches the exception re-raises it
+#:   to that handler without a call (the barrier would answer "re-raise").
+#:   The engine clears it whenever it starts to keep such state; the barrier
+#:   sets it again when it has none.
+passing: list = [None, None, True]
+
+
 class _Memo(threading.local):
     #: the last sure catch ``handled_above`` found, for this thread: (type and
     #: id of the exception, id and code of the frame that catches it, then the

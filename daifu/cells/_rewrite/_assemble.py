@@ -166,8 +166,8 @@ def expand(items: list[_Item]) -> list[_Item]:
         if chunk is None:
             out.append(it)
         else:
-            b, generator = chunk.shape
-            out += _group_items(b, generator, chunk.fallback, chunk.entry, chunk.hooks)
+            b, generator, own = chunk.shape
+            out += _group_items(b, generator, own, chunk.fallback, chunk.entry, chunk.hooks)
     return out
 
 
@@ -376,12 +376,12 @@ class _Template:
     units: int
     fallback_at: int
 
-    def __init__(self, shape: tuple[int, bool], hooks) -> None:
+    def __init__(self, shape: tuple[int, bool, str | None], hooks) -> None:
         fallback = Label()
         patches: list = []
-        b, generator = shape
-        lay = _Layout(_group_items(b, generator, fallback, _OUTER_KEY, hooks), _Tables([], []),
-                      patches)
+        b, generator, own = shape
+        lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY, hooks),
+                      _Tables([], []), patches)
         self.code = lay.code()
         self.patches = []
         for n, how, value in patches:

@@ -9,7 +9,14 @@ from bytecode import Compare, Instr, Label
 from bytecode.instr import CellVar, InstrLocation
 
 from ..._record import field, record
-from .._cell import CONTINUE_CODE, RAISE_CODE, RETRY_CODE, SKIP_CODE, jump_answer
+from .._cell import (
+    CONTINUE_CODE,
+    RAISE_CODE,
+    RETRY_CODE,
+    SKIP_CODE,
+    ExceptGuard,
+    jump_answer,
+)
 from ._ops import (
     _BACKWARD,
     _FORWARD_ONLY,
@@ -213,16 +220,42 @@ def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
 PASSING = "passing"
 
 
-def _passing(hooks, sys_key, entry) -> list[_Item]:
+def own_catch(guards) -> str | None:
+    """The name of the class the innermost handler around a group's cells
+    catches first, where the stub can test it itself: an ``except Name:``
+    (a global or builtin, read as the handler reads it) that does not
+    re-raise; None otherwise (a ``with``, a tuple, an attribute, a local,
+    a bare ``except``, or ``BaseException``, which daifu's own pause
+    request derives from)."""
+    if not guards or not isinstance(guards[0], ExceptGuard):
+        return None
+    if not guards[0].clauses:
+        return None
+    clause = guards[0].clauses[0]
+    test = clause.test
+    if (test is None or clause.bare or clause.reraises or test.scope != "global"
+            or test.attrs or test.items is not None or test.is_const
+            or test.name == "BaseException"):
+        return None
+    return test.name
+
+
+def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
     """``[sys]`` -> ``[sys]``, or re-raise at once: the exception a barrier
     below found the program to catch, on its way to the frame that catches
     it, passes this stub without calling anything.  The barrier's module
     holds ``passing = [exception, catching frame]`` while such an exception
     travels (``engine._barrier``); the catching frame's own stub empties it.
     Attribute reads, subscripts and identity tests only: no call, no event
-    for a profiler or tracer."""
+    for a profiler or tracer.
+
+    ``own`` (``own_catch``): the exception goes straight on to the
+    function's own ``except own:`` when it is one, unless the engine has
+    something to ask the barrier about (``passing[2]``, "quiet", false: a
+    retry or a decision in flight, a pause requested) -- the barrier would
+    answer "re-raise" all the same."""
     fn = hooks.barrier
-    slow, pass_on = Label(), Label()
+    slow, pass_on, not_passing = Label(), Label(), Label()
     loc = _NOWHERE
     # stack: ..., lasti, exc, ref, sys
     check = [
@@ -231,7 +264,7 @@ def _passing(hooks, sys_key, entry) -> list[_Item]:
         _instr("COPY", 1, loc), _instr("LOAD_CONST", 0, loc),
         _instr("BINARY_SUBSCR", loc=loc),  # sys, passing, passing[0]
         _instr("COPY", 5, loc), _instr("IS_OP", 0, loc),
-        _instr(POP_JUMP_IF_FALSE, slow, loc),
+        _instr(POP_JUMP_IF_FALSE, not_passing, loc),
         # passing on: is this the frame that catches it?  (the exception's
         # newest traceback entry is this frame's)
         _instr("COPY", 4, loc), _attr("__traceback__", loc), _attr("tb_frame", loc),
@@ -246,6 +279,19 @@ def _passing(hooks, sys_key, entry) -> list[_Item]:
     items = _items(check, sys_key)
     items.append(_Item(label=pass_on))
     items += [_Item(_instr("POP_TOP", loc=loc), entry), *_reraise(entry)]  # (passing, sys)
+    items.append(_Item(label=not_passing))
+    if own is not None:
+        # the function's own ``except own:`` catches it, and the engine is quiet
+        own_no = Label()
+        items += _items([_instr("COPY", 1, loc), _instr("LOAD_CONST", 2, loc),
+                         _instr("BINARY_SUBSCR", loc=loc), _instr(POP_JUMP_IF_FALSE, slow, loc),
+                         _instr("COPY", 4, loc), _instr("LOAD_GLOBAL", (False, own), loc),
+                         _instr("CHECK_EXC_MATCH", loc=loc),
+                         _instr(POP_JUMP_IF_FALSE, own_no, loc)], sys_key)
+        items += [_Item(_instr("POP_TOP", loc=loc), entry),  # (exc, passing, sys)
+                  _Item(_instr("POP_TOP", loc=loc), entry), *_reraise(entry)]
+        items.append(_Item(label=own_no))
+        items.append(_Item(_instr("POP_TOP", loc=loc), sys_key))
     items.append(_Item(label=slow))
     items.append(_Item(_instr("POP_TOP", loc=loc), sys_key))
     return items
@@ -391,9 +437,11 @@ def _reraise(entry) -> list[_Item]:
             _Item(_instr("RERAISE", 1, _NOWHERE), entry)]
 
 
-def _group_items(b: int, generator: bool, fallback: Label, entry, hooks) -> list[_Item]:
+def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entry,
+                 hooks) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
-    ``b`` and whether the code is a generator's (labels of its own but
+    ``b``, whether the code is a generator's, the class its own handler
+    catches (``own_catch``) (labels of its own but
     ``fallback``; ``entry``, the outer handler, for its re-raises).  From
     the stub's entry (stack: ``..., lasti, exc, ref``) through the barrier
     call and the answers every group has -- re-raise, raise another
@@ -418,7 +466,7 @@ def _group_items(b: int, generator: bool, fallback: Label, entry, hooks) -> list
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
     items = _items(_import_sys(), guard_key)
-    items += _passing(hooks, sys_key, entry)
+    items += _passing(hooks, sys_key, entry, own)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
     # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
@@ -478,10 +526,12 @@ def _group_items(b: int, generator: bool, fallback: Label, entry, hooks) -> list
 def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for, hooks,
                 generator: bool, chunks: bool) -> None:
     fallback = Label()
+    assert members[0].cell is not None  # set by ``rewrite`` before any emission
+    own = own_catch(members[0].cell.guards)  # (the group's cells share their handlers)
     if chunks:
-        items.append(_Item(chunk=_Chunk((b, generator), fallback, entry, hooks)))
+        items.append(_Item(chunk=_Chunk((b, generator, own), fallback, entry, hooks)))
     else:
-        items += _group_items(b, generator, fallback, entry, hooks)
+        items += _group_items(b, generator, own, fallback, entry, hooks)
     guard_key = (fallback, False, b + 3)
     loc = _NOWHERE
     # (label, values to pop, where to go, the jump's exception-table entry)
