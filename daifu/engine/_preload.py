@@ -2,7 +2,8 @@
 
 Handling a crash imports structlog (and, through it, ``rich`` where it is
 installed, ``asyncio``, ``ssl``...), ``json`` and ``hashlib`` for the
-journal, the report, the console and the control socket: ~200 modules,
+journal, the report, the console and the control socket, the bytecode
+readers (and ``bytecode``) for the search for a handler: ~200 modules,
 80-120 ms.  Paid at the first crash, that is the time from the raise to the
 first rule.  Paid at start-up, it would make every ``python -m daifu`` start
 as slow, crash or not.
@@ -46,9 +47,14 @@ def _imports() -> None:
         if _stopped:
             return
         try:
+            import dis  # noqa: F401
             import hashlib  # noqa: F401
             import json  # noqa: F401
 
+            # the bytecode readers the search for a handler uses (and, with
+            # them, ``bytecode``): a program whose modules came from the code
+            # cache has not imported them (~9 ms at the crash)
+            from ..cells._rewrite import _core  # noqa: F401
             from . import _console, _control, _journal, _report, _waiter  # noqa: F401
             from ._events import warm
 
