@@ -27,3 +27,19 @@ def build(depth: int, vaccinate: bool):
         for fn in (inner, mid, outer):
             daifu.vaccinate(fn)
     return outer
+
+
+def build_own(vaccinate: bool):
+    """``try: d[k]`` / ``except KeyError`` in the function that raises."""
+    def own(n):
+        d, hits = {}, 0
+        for i in range(n):
+            try:
+                d[i]
+            except KeyError:
+                hits += 1
+        return hits
+
+    if vaccinate:
+        daifu.vaccinate(own)
+    return own

@@ -9,8 +9,23 @@ vs vaccinated, side by side.
 
 from __future__ import annotations
 
-from conftest import interleaved, record, size
-from support_eafp import build
+from conftest import ASSERT, interleaved, record, size
+from support_eafp import build, build_own
+
+
+def test_exception_caught_by_its_own_function():
+    """The commonest EAFP: the raising function's own ``except KeyError``
+    (its stub tests the clause and re-raises to it, no call)."""
+    n = size(20000, 200)
+    plain, vaccinated = build_own(vaccinate=False), build_own(vaccinate=True)
+    assert plain(n) == vaccinated(n) == n
+    t_plain, t_vacc, _ = interleaved(lambda: plain(n), lambda: vaccinated(n), size(7, 1))
+    ratio = t_vacc / t_plain
+    record("Handled exceptions (EAFP through vaccinated frames)",
+           "KeyError caught by the raising function itself", t_vacc / n * 1e6, "us/raise",
+           "<= 3x plain", f"{ratio:.1f}x plain's {t_plain / n * 1e6:.2f} us/raise")
+    if ASSERT:
+        assert ratio <= 3.0
 
 
 def test_exception_caught_frames_up(benchmark):
