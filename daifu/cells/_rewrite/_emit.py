@@ -244,8 +244,9 @@ def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
     """``[sys]`` -> ``[sys]``, or re-raise at once: the exception a barrier
     below found the program to catch, on its way to the frame that catches
     it, passes this stub without calling anything.  The barrier's module
-    holds ``passing = [exception, catching frame]`` while such an exception
-    travels (``engine._barrier``); the catching frame's own stub empties it.
+    holds ``passing = [exception, catching frame, quiet]``; the first two
+    are set while such an exception travels (``engine._guards.passing``),
+    and the catching frame's own stub empties them.
     Attribute reads, subscripts and identity tests only: no call, no event
     for a profiler or tracer.
 
