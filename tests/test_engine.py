@@ -343,18 +343,23 @@ BIGS = []
 
 
 def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(monkeypatch):
-    # 7 vaccinated frames, 7 barriers per raise: the first finds the handler
-    # in loop(); the others see that the exception travelled to them from
-    # there and re-raise at once, without asking the engine
+    # 7 vaccinated frames: the first barrier finds the handler in loop(); the
+    # stubs of the frames between let the exception pass without calling
+    # anything (``_guards.passing``), and loop()'s stub lets go of it
+    from daifu.engine import _barrier
+
     ns = vaccinate(EAFP, entries=("lookup", "via", "loop"))
-    asked = []
-    judge = ENGINE.on_exception
+    asked, barriers = [], []
+    judge, first_look = ENGINE.on_exception, _barrier.caught_above
     monkeypatch.setattr(ENGINE, "on_exception",
                         lambda *a: asked.append(a[4].f_code.co_name) or judge(*a))
+    monkeypatch.setattr(_barrier, "caught_above",  # (every barrier call asks it first)
+                        lambda exc, f: barriers.append(f.f_code.co_name) or first_look(exc, f))
     assert ns["loop"](10) == 10
-    assert asked == ["lookup"] * 10
+    assert asked == barriers == ["lookup"] * 10
     # ... and nothing of it is kept: the frames' locals are freed as without daifu
     assert [r() for r in ns["BIGS"]] == [None] * 10
+    assert _barrier.passing[:2] == [None, None]
 
 
 RERAISED = '''

@@ -501,42 +501,20 @@ def test_a_tracer_sees_the_same_events_for_an_exception_the_program_handles():
 
 
 PASSING = '''
-    import weakref
-
-    class Probe:
-        pass
-
-    probes = []
-
-    def inner(d, k):
-        probe = Probe()  # (kept alive by the frame: as long as the exception is)
-        probes.append(weakref.ref(probe))
+    def lookup(d, k):
         return d[k]
 
-    def mid(d, k, depth):
-        if depth:
-            return mid(d, k, depth - 1)
-        return inner(d, k)
+    def via(d, k):
+        return lookup(d, k)
 
-    def outer(n, depth, reraise=False):
+    def caller(n):
         hits = 0
         for i in range(n):
             try:
-                mid({}, i, depth)
+                via({}, i)
             except KeyError:
                 hits += 1
-                if reraise:
-                    raise
         return hits
-
-    def top(n, depth):
-        caught = 0
-        for _ in range(n):
-            try:
-                outer(1, depth, reraise=True)
-            except KeyError:
-                caught += 1
-        return caught
 
     class Lazy:
         @property
@@ -548,77 +526,11 @@ PASSING = '''
             return hasattr(obj, "value")
         except AttributeError:  # (what a walk of the callers finds)
             return "caught"
-'''
 
-
-def _count_judgements(monkeypatch):
-    """How many barriers were called (each asks ``caught_above`` first)."""
-    from daifu.engine import _barrier
-
-    calls = []
-    real = _barrier.caught_above
-
-    def counted(exc, frame):
-        calls.append(frame.f_code.co_name)
-        return real(exc, frame)
-
-    monkeypatch.setattr(_barrier, "caught_above", counted)
-    return calls
-
-
-def test_an_exception_caught_many_vaccinated_frames_up_calls_one_barrier(monkeypatch):
-    # the first barrier finds the frame that catches it; the stubs between
-    # let it pass without a call (``_barrier.passing``), and the catching
-    # frame's stub lets go of it: nothing of it is held afterwards
-    from daifu.engine import _barrier
-
-    ns = vaccinate(PASSING, name="passing")
-    calls = _count_judgements(monkeypatch)
-    assert ns["outer"](50, 6) == 50
-    assert calls == ["inner"] * 50  # not inner, mid x 7, outer for each raise
-    assert _barrier.passing[:2] == [None, None]
-    assert all(ref() is None for ref in ns["probes"])  # every exception's frames freed
-
-
-def test_an_exception_its_catcher_raises_again_is_judged_again(monkeypatch):
-    # ``raise`` in the handler of the frame that caught it: the exception
-    # leaves that frame anew, and the barrier of the ``raise`` statement
-    # judges it again (top's own ``except KeyError`` then takes it without
-    # a barrier call: its stub sends it there)
-    ns = vaccinate(PASSING, name="passing_again")
-    calls = _count_judgements(monkeypatch)
-    assert ns["top"](20, 3) == 20
-    assert calls == ["inner", "outer"] * 20
-    plain_ns = __import__("tests.support", fromlist=["plain"]).plain(PASSING)
-    assert plain_ns["top"](20, 3) == 20
-
-
-def test_an_exception_c_code_swallows_is_not_held():
-    # hasattr (C) swallows the property's exception although a caller
-    # further up would catch it: the stubs between never see it pass, so
-    # nothing may be left waiting for it
-    from daifu.engine import _barrier
-
-    ns = vaccinate(PASSING, name="passing_c")
-    for _ in range(3):
-        assert ns["through_c"](ns["Lazy"]()) is False  # as under plain python
-        assert _barrier.passing[:2] == [None, None]
-
-
-OWN_HANDLER = '''
     class MyError(Exception):
         pass
 
     NotAClass = 3
-
-    def eafp(n):
-        d, hits = {}, 0
-        for i in range(n):
-            try:
-                d[i]
-            except KeyError:
-                hits += 1
-        return hits
 
     def other(n):
         for i in range(n):
@@ -641,26 +553,49 @@ OWN_HANDLER = '''
 '''
 
 
-def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(monkeypatch):
-    # ``try: d[k]`` / ``except KeyError``: the stub sends the exception
-    # straight to the function's own handler while the engine is quiet
+def _count_barriers(monkeypatch):
+    """The frames whose barrier was called (each asks ``caught_above`` first)."""
     from daifu.engine import _barrier
 
-    ns = vaccinate(OWN_HANDLER, name="own_handler")
-    calls = _count_judgements(monkeypatch)
-    assert ns["eafp"](30) == 30
+    calls: list[str] = []
+    real = _barrier.caught_above
+    monkeypatch.setattr(_barrier, "caught_above",
+                        lambda exc, frame: calls.append(frame.f_code.co_name) or real(exc, frame))
+    return calls
+
+
+def test_an_exception_c_code_swallows_is_not_held():
+    # hasattr (C) swallows the property's exception although a caller
+    # further up would catch it: the stubs between never see it pass, so
+    # nothing may be left waiting for it
+    from daifu.engine import _barrier
+
+    ns = vaccinate(PASSING, name="passing_c")
+    for _ in range(3):
+        assert ns["through_c"](ns["Lazy"]()) is False  # as under plain python
+        assert _barrier.passing[:2] == [None, None]
+
+
+def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(monkeypatch):
+    # ``try: 10 // x`` / ``except ZeroDivisionError``: the stub sends the
+    # exception straight to the function's own handler while the engine is
+    # quiet, and asks its barrier when it is not
+    from daifu.engine import _barrier
+
+    eafp = vaccinate(TRACED, name="own_handler")["eafp"]
+    calls = _count_barriers(monkeypatch)
+    assert eafp([1, 0, 0, 2]) == [10, None, None, 5]
     assert calls == []
-    # a retry or decision in flight, a pause requested: every barrier is asked
-    _barrier.passing[2] = False
-    assert ns["eafp"](3) == 3
-    assert calls == ["eafp"]  # (and the barrier found the engine quiet again)
-    assert _barrier.passing[2] is True
-    assert ns["eafp"](3) == 3 and calls == ["eafp"]
+    _barrier.passing[2] = False  # (a retry or decision in flight, a pause requested)
+    assert eafp([0]) == [None]
+    assert calls == ["eafp"]
+    assert _barrier.passing[2] is True  # (the barrier found the engine quiet again)
+    assert eafp([0]) == [None] and calls == ["eafp"]
 
 
 def test_a_handler_that_does_not_match_leaves_the_exception_to_the_barrier(monkeypatch):
-    ns = vaccinate(OWN_HANDLER, name="own_handler_other")
-    calls = _count_judgements(monkeypatch)
+    ns = vaccinate(PASSING, name="own_handler_other")
+    calls = _count_barriers(monkeypatch)
     with pytest.raises(KeyError):
         ns["other"](1)
     assert calls == ["other"]
@@ -670,20 +605,22 @@ def test_a_handler_that_does_not_match_leaves_the_exception_to_the_barrier(monke
 def test_an_except_clause_that_fails_fails_as_under_plain_python(fn, error):
     # the stub's own test of the clause fails: it leaves the exception to the
     # handler, which fails the same way python's does
-    ns = vaccinate(OWN_HANDLER, name=f"own_handler_{fn}")
-    plain_ns = __import__("tests.support", fromlist=["plain"]).plain(OWN_HANDLER)
+    ns = vaccinate(PASSING, name=f"own_handler_{fn}")
+    plain_ns = __import__("tests.support", fromlist=["plain"]).plain(PASSING)
     for namespace in (ns, plain_ns):
         with pytest.raises(error) as info:
             namespace[fn]()
         assert isinstance(info.value.__context__, KeyError)
 
 
-def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs():
-    vaccinated = vaccinate(PASSING, name="passing_traced")["outer"]
+def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs(monkeypatch):
+    vaccinated = vaccinate(PASSING, name="passing_traced")["caller"]
     original = __import__("tests.support", fromlist=["plain"]).plain(
-        PASSING, name="passing_traced")["outer"]
-    got, trace, profile = _record(vaccinated, 3, 4)
-    want, plain_trace, plain_profile = _record(original, 3, 4)
+        PASSING, name="passing_traced")["caller"]
+    calls = _count_barriers(monkeypatch)
+    got, trace, profile = _record(vaccinated, 3)
+    assert calls == ["lookup"] * 3  # (via's stub let it pass, caller's took it to its handler)
+    want, plain_trace, plain_profile = _record(original, 3)
     assert got == want == 3
     assert [e[0] + e[2] + str(e[3]) for e in trace] == [
         e[0] + e[2] + str(e[3]) for e in plain_trace]

@@ -295,16 +295,17 @@ class IdentityMemo:
     oldest entry goes first past ``limit``."""
 
     def __init__(self, limit: int = 4096) -> None:
-        self._entries: dict = {}
+        #: key -> (obj, value): a hot loop may read it in place, as ``find`` does
+        self.entries: dict = {}
         self._limit = limit
 
     def find(self, key: object, obj: object) -> Any:
         """The value kept for ``obj`` under ``key``, or ``MISSING``."""
-        hit = self._entries.get(key)
+        hit = self.entries.get(key)
         return hit[1] if hit is not None and hit[0] is obj else MISSING
 
     def keep(self, key: object, obj: object, value: object) -> None:
-        entries = self._entries
+        entries = self.entries
         entries[key] = (obj, value)
         if len(entries) > self._limit:
             try:

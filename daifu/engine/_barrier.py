@@ -8,7 +8,6 @@ import types
 
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
-from ._break import armed as _break_armed
 from ._engine import ENGINE
 from ._guards import caught_above, passing, take_passing
 
@@ -60,14 +59,12 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
             if cell is None:  # code of a vaccination this process does not know
                 return RAISE_CODE
         answer = ENGINE.on_exception(exc, cell, lasti, stack, frame)
-        # (quiet: nothing for a barrier to do about an exception the function's
-        # own handler catches; the engine makes it False as soon as it has)
-        passing[2] = not (ENGINE._pending or ENGINE._forward or _break_armed())
+        passing[2] = quiet = ENGINE.quiet()
         if isinstance(answer, int):
             if answer != RAISE_CODE:
                 return jump_answer(cell.index, answer)
             catcher = take_passing()
-            if catcher is not None and not ENGINE._pending and not ENGINE._forward:
+            if catcher is not None and quiet:  # (the stubs between let it pass)
                 passing[1] = catcher
                 passing[0] = exc
             return RAISE_CODE

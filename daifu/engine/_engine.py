@@ -42,7 +42,7 @@ from ..cells import (
     target_files,
 )
 from . import _distributed
-from ._break import is_break
+from ._break import armed, is_break
 from ._crash import Crash, exception_text
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, Resolution
 from ._events import (
@@ -250,6 +250,14 @@ class Engine:
         self.always: dict[tuple, tuple[Decision, tuple[ExecPatch, ...], str]] = {}
 
     # -- called from the stubs ---------------------------------------------------
+
+    def quiet(self) -> bool:
+        """Nothing a barrier must be asked about for an exception the program
+        handles: no retry or forwarded decision in flight, no pause requested
+        (``_guards.passing``: the stubs pass such exceptions on themselves
+        only then; the engine clears its copy whenever it starts to keep any
+        of these, the barrier sets it from this)."""
+        return not (self._pending or self._forward or armed())
 
     def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
                      frame: types.FrameType) -> int | tuple:

@@ -419,7 +419,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     deciding = 0  # a C boundary among the first ``deciding`` calls: a vaccinated caller decides
     f, fcode = frame, frame.f_code
     steps = None  # the general path (``_exception_path``), once a coroutine is met
-    facts_of = _FACTS.get
+    facts_of = _FACTS.entries.get
     while True:
         if steps is None and not fcode.co_flags & _CO_COROUTINE:
             caller = f.f_back  # (a plain call: the common case, walked here)
@@ -438,25 +438,24 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
             fcode = f.f_code
         code = caller.f_code
         lasti = caller.f_lasti
-        facts = facts_of((id(code), lasti))
-        if facts is None or facts[0] is not code:
-            facts = _facts(code, lasti)
+        hit = facts_of((id(code), lasti))  # (``_facts``, read in place)
+        facts = hit[1] if hit is not None and hit[0] is code else _facts(code, lasti)
         if via_call:
             left.append(f)
             if plain:  # (is the call surely not through C? see ``_facts``)
-                if facts[3] is not fcode:
-                    facts[4] = _c_entry(f, caller)
-                    facts[3] = fcode
-                if facts[4] is not False:
+                if facts[2] is not fcode:
+                    facts[3] = _via_c(f)
+                    facts[2] = fcode
+                if facts[3] is not False:
                     plain = False
         else:
             plain = False
-        guards = facts[2]
+        guards = facts[1]
         f, fcode = caller, code
         library = code.co_filename not in targets
         if library:
             transparent = False
-        vaccinated_here = transparent and facts[1]
+        vaccinated_here = transparent and facts[0]
         if vaccinated_here:
             deciding = len(left)
         # a library frame's handlers count too when they name the exception
@@ -481,31 +480,32 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         # C code in between may catch; if not, that caller's barrier decides
         back, _ = backend()
         if back is not None:
-            return any(_entered_from_c(f, back) for f in left[:deciding])
+            return any(_via_c(f, back) for f in left[:deciding])
     return False
 
 
-def _facts(code: types.CodeType, lasti: int) -> list:
-    """What the walk asks of a caller, kept in ``_FACTS``: is ``code``
-    vaccinated, the handlers around byte ``lasti``; then the code this call
-    site was last seen to enter and whether through C (``_c_entry``).
-    The last two only let an exception pass the stubs between
-    (``_barrier.passing``): a site that enters the same code both directly
-    and through C code that catches (``hasattr`` one time, a plain call the
-    next) would, at worst, leave the last such exception held until the next
-    barrier call."""
-    facts = [code, cells_of(code) is not None, guards_at(code, lasti), None, None]
-    _FACTS[(id(code), lasti)] = facts  # (the entry holds the code: its id stays its own)
-    if len(_FACTS) > 4096:
+def _facts(code: types.CodeType, offset: int) -> list:
+    """What the walk asks of a caller stopped at byte ``offset`` of ``code``,
+    kept in ``_FACTS``: [is ``code`` vaccinated, the handlers around
+    ``offset`` (``guards_at``), the code this call site was last seen to
+    enter, and whether through C (``_via_c``)].  The last two only let an
+    exception pass the stubs between (``passing``): a site that enters the
+    same code both directly and through C code that catches (``hasattr`` one
+    time, a plain call the next) would, at worst, leave the last such
+    exception held until the next barrier call."""
+    facts = _FACTS.find((id(code), offset), code)
+    if facts is MISSING:
         try:
-            del _FACTS[next(iter(_FACTS))]
-        except (KeyError, RuntimeError, StopIteration):  # (another thread got there first)
-            pass
+            guards = _guards_at(code, offset)
+        except Exception:
+            guards = ()
+        facts = [cells_of(code) is not None, guards, None, None]
+        _FACTS.keep((id(code), offset), code, facts)
     return facts
 
 
-#: (id(code), offset) -> ``_facts`` (the code first: checked by identity)
-_FACTS: dict[tuple[int, int], list] = {}
+#: (id(code), offset) -> ``_facts``, by identity (as ``cells_of``)
+_FACTS = IdentityMemo()
 
 
 def _reaches_stub(catcher: types.FrameType) -> bool:
@@ -513,20 +513,6 @@ def _reaches_stub(catcher: types.FrameType) -> bool:
     in one of its cells)?"""
     info = cells_of(catcher.f_code)
     return info is not None and cell_at(info, catcher.f_code, catcher.f_lasti) is not None
-
-
-def _c_entry(frame: types.FrameType, caller: types.FrameType) -> bool | None:
-    """Was ``frame`` entered from C code that could catch (not ``f(*args)``),
-    or resumed as a generator?  None: the frame layout could not be read."""
-    if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
-        return True  # resumed by next() or send(): C in between
-    back, _ = backend()
-    if back is None:
-        return None
-    entry = back.called_from_c(frame)
-    if not entry:
-        return entry
-    return not back.calls_unpacked(caller.f_code, caller.f_lasti)
 
 
 def take_passing() -> types.FrameType | None:
@@ -630,31 +616,28 @@ def _awaiters(future: Any, leaving: types.FrameType, seen: set[int]):
     # no known awaiter (asyncio.wait, TaskGroup, callbacks ...): nothing more is known
 
 
-def _entered_from_c(frame: types.FrameType, back) -> bool:
-    """Was ``frame`` entered from C code that may catch (by its caller)?"""
+def _via_c(frame: types.FrameType, back=None) -> bool | None:
+    """Was ``frame`` entered from C code that may catch, rather than by a
+    plain Python call from its ``f_back``?  None: not known -- a generator
+    or coroutine resumed by ``next()``/``send()`` (no C code that catches,
+    but StopIteration; yet not a plain call), or a frame layout daifu cannot
+    read.  ``f(*args, **kw)`` goes through C but catches nothing: False."""
     if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
-        return False  # resumed by next(): no C code that catches (but StopIteration)
+        return None
+    if back is None:
+        back, _ = backend()
+        if back is None:
+            return None
     caller = frame.f_back
-    if caller is None or not back.called_from_c(frame):
-        return False
-    # f(*args, **kw) goes through C but catches nothing
+    entry = back.called_from_c(frame)
+    if not entry or caller is None:
+        return entry
     return not back.calls_unpacked(caller.f_code, caller.f_lasti)
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
     """The handlers around byte ``offset`` of ``code``, innermost first."""
-    guards = _GUARDS_BY_ID.find((id(code), offset), code)
-    if guards is MISSING:
-        try:
-            guards = _guards_at(code, offset)
-        except Exception:
-            guards = ()
-        _GUARDS_BY_ID.keep((id(code), offset), code, guards)
-    return guards
-
-
-#: (id(code), offset) -> guards, by identity (as ``cells_of``)
-_GUARDS_BY_ID = IdentityMemo()
+    return _facts(code, offset)[1]
 
 
 def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:

@@ -12,7 +12,7 @@ from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from .._cell import Cell, resolve
 from ._emit import _NOWHERE, _Chunk, _group_items, _Item
-from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, EntryKey, _Op
+from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, _Op
 
 
 def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
@@ -180,28 +180,34 @@ def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, o
     consts, names = list(code.co_consts), list(code.co_names)
     for index, value in const_updates.items():
         consts[index] = value
-    tables = _Tables(consts, names)
-    lay = _Layout(items, tables)
-    # the exception table: consecutive instructions with the same entry merged
+    lay = _Layout(items, _Tables(consts, names))
     table = bytearray()
-    run_start, run_stop = 0, 0
-    run_key: EntryKey | None = None
     label_off = lay.label_off
-    for start, stop, key in itertools.chain(lay.ranges(), ((lay.end, lay.end, None),)):
-        if key == run_key and start == run_stop:
-            run_stop = stop
-            continue
-        if run_key is not None:
-            target, lasti, depth = run_key
-            _varint(table, run_start, 0x80)
-            _varint(table, run_stop - run_start, 0)
-            _varint(table, target if type(target) is int else label_off[target], 0)
-            _varint(table, depth << 1 | int(lasti), 0)
-        run_start, run_stop, run_key = start, stop, key
+    for start, stop, (target, lasti, depth) in _merged(lay.ranges()):
+        _varint(table, start, 0x80)
+        _varint(table, stop - start, 0)
+        _varint(table, target if type(target) is int else label_off[target], 0)
+        _varint(table, depth << 1 | int(lasti), 0)
     lines = _location_table(code.co_firstlineno, lay.starts, lay.locations)
     return code.replace(co_code=lay.code(), co_consts=tuple(consts), co_names=tuple(names),
                         co_exceptiontable=bytes(table), co_linetable=lines,
                         co_stacksize=stacksize)
+
+
+def _merged(ranges):
+    """The exception table's entries: (start, stop, entry) ranges, the
+    consecutive ones with the same entry merged, those with none left out."""
+    run_start, run_stop = 0, 0
+    run_key = None
+    for start, stop, key in ranges:
+        if key == run_key and start == run_stop:
+            run_stop = stop
+            continue
+        if run_key is not None:
+            yield run_start, run_stop, run_key
+        run_start, run_stop, run_key = start, stop, key
+    if run_key is not None:
+        yield run_start, run_stop, run_key
 
 
 class _Tables:
@@ -271,7 +277,7 @@ class _Layout:
                 inner.append((chunk.fallback, len(opcodes), tpl.fallback_at))
                 opcodes.append(_CHUNK)
                 args.append(body)
-                keys.append(chunk)
+                keys.append(_Placed(chunk, tpl))
                 location = _NOWHERE
                 locations.append(location)
                 units.append(tpl.units)
@@ -351,11 +357,11 @@ class _Layout:
         chunk's as its template's ranges."""
         starts = self.starts
         for n, key in enumerate(self.keys):
-            if type(key) is not _Chunk:
+            if type(key) is not _Placed:
                 yield starts[n], starts[n + 1], key
                 continue
-            at, fallback, entry = starts[n], key.fallback, key.entry
-            for start, stop, target, lasti, depth in _template(key).ranges:
+            at, fallback, entry = starts[n], key.chunk.fallback, key.chunk.entry
+            for start, stop, target, lasti, depth in key.template.ranges:
                 if target is _OUTER:
                     yield at + start, at + stop, entry
                 else:  # (the group's fallback label, or a place in the chunk)
@@ -389,20 +395,23 @@ class _Template:
                 raise AssertionError("a template instruction with an EXTENDED_ARG")
             self.patches.append((2 * lay.starts[n] + 1, how, value))
         self.ranges = []
-        for start, stop, key in lay.ranges():  # (consecutive ones with the same entry merged)
-            if key is None:
-                continue
+        for start, stop, key in _merged(lay.ranges()):
             if key is _OUTER_KEY:
-                here = (_OUTER, False, 0)
+                self.ranges.append((start, stop, _OUTER, False, 0))
             else:
                 target, lasti, depth = key
-                here = (None if target is fallback else lay.label_off[target], lasti, depth)
-            last = self.ranges[-1] if self.ranges else None
-            if last is not None and last[1] == start and last[2:] == here:
-                self.ranges[-1] = (last[0], stop, *here)
-            else:
-                self.ranges.append((start, stop, *here))
+                self.ranges.append((start, stop, None if target is fallback
+                                    else lay.label_off[target], lasti, depth))
         self.units, self.fallback_at = lay.end, lay.label_off[fallback]
+
+
+class _Placed:
+    """A laid-out chunk's exception-table key: the chunk and its template."""
+
+    __slots__ = ("chunk", "template")
+
+    def __init__(self, chunk: _Chunk, template: _Template) -> None:
+        self.chunk, self.template = chunk, template
 
 
 _OUTER = object()

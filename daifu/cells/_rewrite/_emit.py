@@ -210,9 +210,13 @@ def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
     """``sys`` -> the engine's barrier function: ``sys.modules[module].name``
     (never imported here: in a process without daifu's engine the lookup
     fails, and the stub re-raises the exception as if daifu were not there)."""
-    fn = hooks.barrier
-    return [_attr("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
-            _instr("BINARY_SUBSCR", loc=loc), _attr(fn.__name__, loc)]
+    return [*_barrier_module(hooks, loc), _attr(hooks.barrier.__name__, loc)]
+
+
+def _barrier_module(hooks, loc=_NOWHERE) -> list[Instr]:
+    """``sys`` -> the barrier's module, ``sys.modules[name]`` (see ``_barrier_path``)."""
+    return [_attr("modules", loc), _instr("LOAD_CONST", hooks.barrier.__module__, loc),
+            _instr("BINARY_SUBSCR", loc=loc)]
 
 
 #: the attribute of the barrier's module that holds the exception a barrier
@@ -255,13 +259,11 @@ def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
     something to ask the barrier about (``passing[2]``, "quiet", false: a
     retry or a decision in flight, a pause requested) -- the barrier would
     answer "re-raise" all the same."""
-    fn = hooks.barrier
     slow, pass_on, not_passing = Label(), Label(), Label()
     loc = _NOWHERE
     # stack: ..., lasti, exc, ref, sys
     check = [
-        _instr("COPY", 1, loc), _attr("modules", loc), _instr("LOAD_CONST", fn.__module__, loc),
-        _instr("BINARY_SUBSCR", loc=loc), _attr(PASSING, loc),  # sys, passing
+        _instr("COPY", 1, loc), *_barrier_module(hooks, loc), _attr(PASSING, loc),  # sys, passing
         _instr("COPY", 1, loc), _instr("LOAD_CONST", 0, loc),
         _instr("BINARY_SUBSCR", loc=loc),  # sys, passing, passing[0]
         _instr("COPY", 5, loc), _instr("IS_OP", 0, loc),
