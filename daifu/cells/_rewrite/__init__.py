@@ -27,9 +27,11 @@ statement's instructions that can be re-executed from its start) the rewrite
   coverage or a profiler sees no event of daifu's.
 
 ``_dispatch`` imports this package only on a supported version.  The package
-itself holds only frame access; the rewrite (``_core``, with the ``bytecode``
-library) is imported on first use of any of its names: a start whose modules
-all come from the code cache never imports it.
+itself holds only frame access; reading rewritten code back (``_readback``)
+and the rewrite (``_core``, with the ``bytecode`` library) are imported on
+first use of any of their names: a start whose modules all come from the
+code cache never imports ``bytecode``, nor does an exception the program
+handles.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ PYTHON = _entry.python
 #: ctypes structures) and what ``_core`` provides: both imported on first use
 _FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "write_locals"})
 _LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "calls_unpacked",
-                   "cell_ranges", "chain_for_code", "effects", "has_except_handler",
-                   "lasti_offset", "returns_truthy", "rewrite", "plan", "emit", "assemble",
-                   "Plan"})
+                   "chain_for_code", "effects", "has_except_handler", "returns_truthy",
+                   "rewrite", "plan", "emit", "assemble", "Plan"})
+#: reading rewritten code back, without ``bytecode`` (``_readback``)
+_READBACK = frozenset({"cell_ranges", "lasti_offset"})
 
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
            "calls_unpacked", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
@@ -66,6 +69,12 @@ def __getattr__(name: str) -> Any:
         frames = importlib.import_module(f"daifu.cells.{_entry.frames}")
         for lazy in _FRAMES:
             globals()[lazy] = getattr(frames, lazy)
+        return globals()[name]
+    if name in _READBACK:
+        from . import _readback
+
+        for lazy in _READBACK:
+            globals()[lazy] = getattr(_readback, lazy)
         return globals()[name]
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

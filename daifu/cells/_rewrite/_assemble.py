@@ -1,5 +1,5 @@
-"""Assembly of the emitted items into a code object, and reading the
-rewritten code back (which cell, original or retry copy, an offset is in)."""
+"""Assembly of the emitted items into a code object (reading it back:
+``_readback``)."""
 
 from __future__ import annotations
 
@@ -10,44 +10,8 @@ import types
 from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
 
-from .._cell import Cell, resolve
 from ._emit import _NOWHERE, _Chunk, _group_items, _Item
-from ._ops import _EXTENDED_ARG, _LOAD_CONST, PY, _Op
-
-
-def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
-    """(start, stop, cell, is the retry copy) in byte offsets of rewritten
-    ``code``: the ranges of its exception table that lead to a cell's stub
-    (whose first instruction loads the cell's constant, ``_cell.resolve``).
-    A cell's first range is its original instructions; a later one is its
-    retry copy (appended)."""
-    import dis
-
-    raw, consts = code.co_code, code.co_consts
-    found: list[tuple[int, int, Cell]] = []
-    # private (not in typeshed's dis stub), the same in 3.11 to 3.14
-    entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
-    for entry in entries:
-        offset, ext = entry.target, 0
-        while offset + 1 < len(raw) and raw[offset] == _EXTENDED_ARG:
-            ext = (ext | raw[offset + 1]) << 8
-            offset += 2
-        if offset + 1 < len(raw) and raw[offset] == _LOAD_CONST:
-            arg = ext | raw[offset + 1]
-            cell = resolve(consts[arg]) if arg < len(consts) else None
-            if cell is not None:
-                found.append((entry.start, entry.end, cell))
-    seen: set[int] = set()
-    out = []
-    for start, stop, cell in sorted(found, key=lambda r: r[0]):
-        out.append((start, stop, cell, id(cell) in seen))
-        seen.add(id(cell))
-    return out
-
-
-def lasti_offset(lasti: int) -> int:
-    """The byte offset of instruction number ``lasti`` (what a barrier receives)."""
-    return lasti * 2
+from ._ops import _EXTENDED_ARG, PY, _Op
 
 
 def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:

@@ -17,9 +17,7 @@ from ._assemble import (
     _as_ops,
     _NotSpliced,
     _with_try_blocks,
-    cell_ranges,
     expand,
-    lasti_offset,
     splice,
 )
 from ._emit import (
@@ -42,6 +40,7 @@ from ._handlers import (
     returns_truthy,
 )
 from ._ops import _EXTENDED_ARG, PY, NothingToProtect, Unsupported, _location, _Op
+from ._readback import cell_ranges, lasti_offset
 from ._runs import (
     _build_runs,
     _drop_implicit_returns,
