@@ -42,16 +42,35 @@ def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:
 
 
 def _effect(instr: Instr, jump: bool) -> int:
-    """``instr.stack_effect(jump)`` (see ``_info``)."""
-    return _info(instr)[3 if jump else 2]
+    """``instr.stack_effect(jump)`` (see ``_shape``)."""
+    shape = _shape(instr)
+    return shape.jump_effect if jump else shape.effect
 
 
-def _info(instr: Instr) -> tuple:
-    """What the analysis asks of an instruction, from a table filled as
-    opcodes (and the arguments that matter) are met: (name, has a jump,
-    stack effect falling through, on its jump, then how the may-be-NULL
-    slots change falling through and on the jump (``_null_rule``), then the
-    lowest slot it touches relative to the depth (``_touch``))."""
+class _Shape:
+    """What the analysis asks of an instruction (the same for every
+    instruction with its opcode and the arguments that matter)."""
+
+    __slots__ = ("name", "jumps", "effect", "jump_effect", "rule", "jump_rule", "touch")
+
+    def __init__(self, instr: Instr) -> None:
+        self.name, self.jumps = instr.name, instr.has_jump()
+        #: the stack effect falling through, and on the jump
+        self.effect, self.jump_effect = (
+            (1, 1) if self.name == "RETURN_GENERATOR"  # (resumed: the sent value, popped next)
+            else (instr.stack_effect(jump=False), instr.stack_effect(jump=True)))
+        #: how the may-be-NULL slots change falling through, and on the jump
+        #: (``_null_rule``; a RETURN_GENERATOR leaves none)
+        self.rule = (0, 0, 0) if self.name == "RETURN_GENERATOR" else _null_rule(
+            instr, False, self.effect)
+        self.jump_rule = _null_rule(instr, True, self.jump_effect) if self.jumps else self.rule
+        #: the lowest slot it removes or rewrites, relative to the depth (``_touch``)
+        self.touch = _touch_offset(instr)
+
+
+def _shape(instr: Instr) -> _Shape:
+    """``instr``'s ``_Shape``, from a table filled as opcodes (and the
+    arguments that matter) are met."""
     op = instr._opcode  # noqa: SLF001
     arg: Any = instr._arg  # noqa: SLF001
     if op < _HAVE_ARGUMENT:
@@ -61,25 +80,15 @@ def _info(instr: Instr) -> tuple:
     elif type(arg) is not int or op in _HAS_CONST:
         arg = 0
     key = (op, arg)
-    info = _INFOS.get(key)
-    if info is None:
-        info = _INFOS[key] = _make_info(instr)
-    return info
-
-
-def _make_info(instr: Instr) -> tuple:
-    name, jumps = instr.name, instr.has_jump()
-    if name == "RETURN_GENERATOR":
-        # on resumption the sent value is on the stack (popped next); no NULL
-        return (name, jumps, 1, 1, (0, 0, 0), (0, 0, 0), _touch_offset(instr))
-    effects = (instr.stack_effect(jump=False), instr.stack_effect(jump=True))
-    rules = (_null_rule(instr, False, effects[0]),
-             _null_rule(instr, True, effects[1]) if jumps else None)
-    return (name, jumps, *effects, *rules, _touch_offset(instr))
+    shape = _SHAPES.get(key)
+    if shape is None:
+        shape = _SHAPES[key] = _Shape(instr)
+    return shape
 
 
 def _null_rule(instr: Instr, jump: bool, effect: int) -> tuple[int, int, int]:
-    """(values popped, values pushed, which pushed ones may be NULL)."""
+    """(values popped, values pushed, which pushed ones may be NULL) on the
+    jump or falling through."""
     if instr.has_jump():
         pre = instr.pre_and_post_stack_effect(jump=jump)[0]
     else:
@@ -96,7 +105,7 @@ _HAS_CONST = frozenset(dis.hasconst)
 #: the opcodes whose argument's low bit is a flag (``bytecode`` decodes them
 #: as ``(flag, name)``; their stack effect depends on the flag)
 _FLAG_OPS = frozenset(BITFLAG_OPCODES) | frozenset(BITFLAG2_OPCODES)
-_INFOS: dict[tuple, tuple] = {}
+_SHAPES: dict[tuple, _Shape] = {}
 
 
 def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: bool = True) -> int:
@@ -138,19 +147,19 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: boo
         if op.entry is not None:
             target, lasti, edepth = op.entry
             flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
-        info = _info(instr)
-        name = info[0]
-        if info[1]:  # a jump
-            effect = info[3]
+        shape = _shape(instr)
+        name = shape.name
+        if shape.jumps:
+            effect = shape.jump_effect
             after = depth + effect
             peak = max(peak, after, depth + max(0, effect))
             flow(label_at[_label_arg(instr)], after,
-                 _nulls_after(instr, name, info[5], depth, op.nulls) if track_nulls else 0)
+                 _nulls_after(instr, name, shape.jump_rule, depth, op.nulls) if track_nulls else 0)
         if name not in _TERMINAL:
-            after = depth + info[2]
+            after = depth + shape.effect
             peak = max(peak, after)
             flow(i + 1, after,
-                 _nulls_after(instr, name, info[4], depth, op.nulls) if track_nulls else 0)
+                 _nulls_after(instr, name, shape.rule, depth, op.nulls) if track_nulls else 0)
     return peak
 
 
@@ -174,7 +183,7 @@ def _nulls_after(instr: Instr, name: str, rule: tuple[int, int, int], depth: int
 def _touch(instr: Instr, depth: int) -> int:
     """Lowest value-stack index the instruction removes or rewrites on its
     fall-through and error paths (reads do not count)."""
-    return depth + _info(instr)[6]
+    return depth + _shape(instr).touch
 
 
 def _touch_offset(instr: Instr) -> int:
