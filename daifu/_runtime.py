@@ -23,6 +23,9 @@ class Runtime:
     #: engine's "target files" and the reload's candidates)
     files: dict[str, Any] = field(default_factory=dict)
     files_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: counts the files that stopped being vaccinated (``forget``, ``reset``):
+    #: what the engine remembers of callers' files holds while it is unchanged
+    files_dropped: int = 0
     #: ``DAIFU_ENTRY`` name patterns that selected at least one function
     matched_entries: set[str] = field(default_factory=set)
     #: the unsupported-Python warning was given
@@ -43,6 +46,7 @@ class Runtime:
         options, where events go."""
         with self.files_lock:
             self.files.clear()
+            self.files_dropped += 1
         self.matched_entries.clear()
         self.warned_version = self.history_read = self.summarised = False
         for fn in self._resets:

@@ -345,21 +345,68 @@ BIGS = []
 def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(monkeypatch):
     # 7 vaccinated frames: the first barrier finds the handler in loop(); the
     # stubs of the frames between let the exception pass without calling
-    # anything (``_guards.passing``), and loop()'s stub lets go of it
+    # anything (``_guards.passing``), and loop()'s stub lets go of it.  The
+    # next exceptions take the same route: their first barrier checks it
+    # frame by frame (``known_route``) and asks the engine nothing
     from daifu.engine import _barrier
 
     ns = vaccinate(EAFP, entries=("lookup", "via", "loop"))
     asked, barriers = [], []
-    judge, first_look = ENGINE.on_exception, _barrier.caught_above
+    judge, first_look = ENGINE.on_exception, _barrier.known_route
     monkeypatch.setattr(ENGINE, "on_exception",
                         lambda *a: asked.append(a[4].f_code.co_name) or judge(*a))
-    monkeypatch.setattr(_barrier, "caught_above",  # (every barrier call asks it first)
-                        lambda exc, f: barriers.append(f.f_code.co_name) or first_look(exc, f))
+    monkeypatch.setattr(_barrier, "known_route",  # (every barrier call asks it first)
+                        lambda exc, ref, f: barriers.append(f.f_code.co_name)
+                        or first_look(exc, ref, f))
     assert ns["loop"](10) == 10
-    assert asked == barriers == ["lookup"] * 10
+    assert barriers == ["lookup"] * 10
+    assert asked == ["lookup"]
     # ... and nothing of it is kept: the frames' locals are freed as without daifu
     assert [r() for r in ns["BIGS"]] == [None] * 10
     assert _barrier.passing[:2] == [None, None]
+
+
+ROUTES = '''
+Missing = KeyError
+
+def lookup(d, k):
+    return d[k]
+
+def caught(d, k):
+    try:
+        return lookup(d, k)
+    except Missing:
+        return "caught"
+
+def not_caught(d, k):
+    try:
+        return lookup(d, k)
+    except ValueError:
+        return "not this"
+'''
+
+
+def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way():
+    # lookup()'s KeyError is caught by caught() again and again: its route is
+    # remembered.  The same cell's KeyError on its way through another
+    # caller, or to a handler whose name now holds another class, is a crash
+    ns = vaccinate(ROUTES)
+    fixed = []
+
+    @daifu.on(KeyError)
+    def fix(crash):
+        fixed.append(crash.frame.f_back.f_code.co_name)
+        crash.vars["d"] = {crash.vars["k"]: "fixed"}
+        return daifu.RETRY
+
+    assert [ns["caught"]({}, 1) for _ in range(3)] == ["caught"] * 3
+    assert ns["not_caught"]({}, 1) == "fixed"
+    assert ns["caught"]({}, 1) == "caught"
+    ns["Missing"] = ValueError
+    assert ns["caught"]({}, 1) == "fixed"
+    ns["Missing"] = KeyError
+    assert ns["caught"]({}, 1) == "caught"
+    assert fixed == ["not_caught", "caught"]
 
 
 RERAISED = '''

@@ -554,13 +554,13 @@ PASSING = '''
 
 
 def _count_barriers(monkeypatch):
-    """The frames whose barrier was called (each asks ``caught_above`` first)."""
+    """The frames whose barrier was called (each asks ``known_route`` first)."""
     from daifu.engine import _barrier
 
     calls: list[str] = []
-    real = _barrier.caught_above
-    monkeypatch.setattr(_barrier, "caught_above",
-                        lambda exc, frame: calls.append(frame.f_code.co_name) or real(exc, frame))
+    real = _barrier.known_route
+    monkeypatch.setattr(_barrier, "known_route", lambda exc, ref, frame: calls.append(
+        frame.f_code.co_name) or real(exc, ref, frame))
     return calls
 
 

@@ -29,6 +29,7 @@ from ._cell import (
     is_vaccinated,
     jump_answer,
     original_code,
+    own_catch,
     resolve,
 )
 from ._context import FrameContext, read_locals
@@ -88,6 +89,7 @@ __all__ = [
     "map_statement",
     "options",
     "original_code",
+    "own_catch",
     "resolve",
     "read_locals",
     "record",

@@ -122,6 +122,34 @@ class OpaqueGuard:
 
 Guard = ExceptGuard | WithGuard | FinallyGuard | OpaqueGuard
 
+#: the builtin through which the stubs read the engine's ``passing`` list
+#: (``use_barrier`` installs it; ``_rewrite._emit._passing``): a name, so
+#: that rewritten code holds plain constants and, in a process without
+#: daifu's engine, finds nothing and re-raises as if daifu were not there
+PASSING = "__daifu_passing__"
+
+
+def own_catch(guards) -> str | None:
+    """The name of the class the innermost handler of ``guards`` catches
+    first, where it can be tested without the general evaluator (a stub
+    tests its own group's, the engine a caller's it remembers: see
+    ``engine._guards.known_route``): an ``except Name:``
+    (a global or builtin, read as the handler reads it) that does not
+    re-raise; None otherwise (a ``with``, a tuple, an attribute, a local,
+    a bare ``except``, or ``BaseException``, which daifu's own pause
+    request derives from)."""
+    if not guards or not isinstance(guards[0], ExceptGuard):
+        return None
+    if not guards[0].clauses:
+        return None
+    clause = guards[0].clauses[0]
+    test = clause.test
+    if (test is None or clause.bare or clause.reraises or test.scope != "global"
+            or test.attrs or test.items is not None or test.is_const
+            or test.name == "BaseException"):
+        return None
+    return test.name
+
 
 @record(eq=False)
 class CodeInfo:

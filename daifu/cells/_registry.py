@@ -56,7 +56,8 @@ def files() -> list[LoadedFile]:
 def forget(filename: str) -> None:
     """Stop treating ``filename`` as vaccinated (tests that unload a module)."""
     with RUNTIME.files_lock:
-        RUNTIME.files.pop(filename, None)
+        if RUNTIME.files.pop(filename, None) is not None:
+            RUNTIME.files_dropped += 1
 
 
 def target_files() -> dict[str, LoadedFile]:

@@ -8,6 +8,7 @@ rewritten is reported (warning + structured event) and left unmodified, unless
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import sys
@@ -21,7 +22,7 @@ from .._record import field, record, replace
 from .._runtime import RUNTIME
 from . import _lazy, _registry
 from ._backend import Backend
-from ._cell import CodeInfo, is_vaccinated
+from ._cell import PASSING, CodeInfo, is_vaccinated
 from ._dispatch import backend
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -127,9 +128,12 @@ class _Hooks:
 HOOKS = _Hooks()
 
 
-def use_barrier(barrier: Callable) -> None:
-    """The function the stubs call at an exception (``engine._barrier.barrier``)."""
+def use_barrier(barrier: Callable, passing: list) -> None:
+    """The function the stubs call at an exception (``engine._barrier.barrier``)
+    and the list they read before they call it (``engine._guards.passing``),
+    which they reach as the builtin ``PASSING``."""
     HOOKS.barrier = barrier
+    setattr(builtins, PASSING, passing)
 
 
 def _hooks() -> _Hooks:

@@ -9,7 +9,7 @@ import types
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
-from ._guards import caught_above, passing, take_passing
+from ._guards import caught_above, known_route, passing, remember_route, take_passing
 
 
 def _cheap_import_sys() -> None:
@@ -32,8 +32,8 @@ def _cheap_import_sys() -> None:
 _cheap_import_sys()
 
 
-# ``passing`` (imported above) is read by the stubs by name, as
-# ``sys.modules[__name__].passing`` (``cells._rewrite._emit.PASSING``)
+# ``passing`` (imported above) is read by the stubs by name, as the builtin
+# ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
 __all__ = ["barrier", "passing"]
 
 
@@ -46,6 +46,14 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
         if passing[0] is not None:
             passing[0] = passing[1] = None
         frame = sys._getframe(1)
+        # this cell's exception takes the route a search found to a sure
+        # catch before, and the engine is quiet: on to that handler, nothing
+        # else asked (the commonest call, from a loop of EAFP code)
+        catcher = known_route(exc, ref, frame)
+        if catcher is not None and passing[2]:
+            passing[1] = catcher
+            passing[0] = exc
+            return RAISE_CODE
         # the program's own exception on its way to the frame a barrier below
         # found to catch it (``caught_above``): re-raise at once
         if caught_above(exc, frame) and not ENGINE._pending and not ENGINE._forward:
@@ -63,10 +71,12 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
         if isinstance(answer, int):
             if answer != RAISE_CODE:
                 return jump_answer(cell.index, answer)
-            catcher = take_passing()
-            if catcher is not None and quiet:  # (the stubs between let it pass)
-                passing[1] = catcher
+            taken = take_passing()
+            if taken is not None and quiet:  # (the stubs between let it pass)
+                passing[1] = taken[0]
                 passing[0] = exc
+                if taken[1] is not None and not cell.guards:
+                    remember_route(ref, exc, frame, taken[1])
             return RAISE_CODE
         if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry
             new = answer[0]

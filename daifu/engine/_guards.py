@@ -33,6 +33,7 @@ import threading
 import types
 from collections.abc import Container
 
+from .._runtime import RUNTIME
 from ..cells import (
     Cell,
     CodeInfo,
@@ -45,6 +46,7 @@ from ..cells import (
     backend,
     cells_of,
     original_code,
+    own_catch,
     read_locals,
 )
 from ..cells._cell import MISSING, IdentityMemo
@@ -339,8 +341,9 @@ class _Memo(threading.local):
     caught: tuple | None = None
     #: the frame that surely catches the exception ``handled_above`` last
     #: looked at, when nothing between can catch it or keep it from getting
-    #: there and that frame's own stub will see it (``take_passing``)
-    passing: types.FrameType | None = None
+    #: there and that frame's own stub will see it, with the route to it when
+    #: it can be remembered (``take_passing``, ``remember_route``)
+    passing: tuple | None = None
 
 
 _seen = _Memo()
@@ -420,6 +423,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     f, fcode = frame, frame.f_code
     steps = None  # the general path (``_exception_path``), once a coroutine is met
     facts_of = _FACTS.entries.get
+    bare = True  # no caller so far had a handler around its call
     while True:
         if steps is None and not fcode.co_flags & _CO_COROUTINE:
             caller = f.f_back  # (a plain call: the common case, walked here)
@@ -470,8 +474,10 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
                 if head is not None and head.tb_frame is frame:
                     _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
                     if plain and vaccinated_here and _reaches_stub(caller):
-                        _seen.passing = caller
+                        _seen.passing = (caller, _route(frame, caller, guards, exc)
+                                         if bare and steps is None else None)
                 return True
+            bare = False
             if verdict is None:
                 if vaccinated_here:
                     return True
@@ -515,16 +521,107 @@ def _reaches_stub(catcher: types.FrameType) -> bool:
     return info is not None and cell_at(info, catcher.f_code, catcher.f_lasti) is not None
 
 
-def take_passing() -> types.FrameType | None:
-    """The frame ``handled_above`` last found to catch the exception surely,
-    with nothing between (see ``_Memo.passing``); forgotten once asked, and
-    with it the memo ``caught_above`` reads: the stubs between let the
-    exception pass instead, and the catching frame's stub lets go of it, so
-    that an exception leaving that frame again is judged anew."""
-    frame = _seen.passing
-    if frame is not None:
+def take_passing() -> tuple | None:
+    """``(frame, route)``: the frame ``handled_above`` last found to catch
+    the exception surely, with nothing between (see ``_Memo.passing``), and
+    what ``remember_route`` keeps of the way there (or None); forgotten once
+    asked, and with it the memo ``caught_above`` reads: the stubs between
+    let the exception pass instead, and the catching frame's stub lets go of
+    it, so that an exception leaving that frame again is judged anew."""
+    taken = _seen.passing
+    if taken is not None:
         _seen.passing = _seen.caught = None
-    return frame
+    return taken
+
+
+# -- routes: the same exception from the same cell to the same handler ------------------
+#
+# EAFP code raises the same exception from the same place to the same handler
+# again and again (``try: lookup(d, k)`` / ``except KeyError`` in a loop).  The
+# first time, ``handled_above`` walks the callers and finds the handler; what
+# decided it is then kept per raising cell (``remember_route``): the code and
+# offset of every frame up to the handler -- none with a handler around its
+# call, each reached by a plain call -- and the handler's ``except Name:``
+# with the class the name held.  The next such exception at that cell's
+# barrier is checked against it frame by frame (``known_route``: identity and
+# offset reads, no evaluation) and passed on to the handler at once.  Every
+# fact the walk would use is a function of what is compared: the handlers
+# around a call are a function of the code and offset (``_facts``), whether a
+# call site enters its callee through C is read once per site and callee
+# code (``_facts``), which files are targets changes only by growing (checked
+# by ``RUNTIME.files_dropped``), and the name is looked up again.
+
+
+def _route(frame: types.FrameType, catcher: types.FrameType, guards: tuple[Guard, ...],
+           exc: BaseException) -> tuple | None:
+    """What ``remember_route`` keeps of the way from ``frame`` to
+    ``catcher``, whose innermost handler catches ``exc``: None unless that
+    handler is an ``except Name:`` whose class matches (``own_catch``)."""
+    name = own_catch(guards)
+    if name is None:
+        return None
+    cls = _global(catcher, name)
+    if not (isinstance(cls, type) and cls in type(exc).__mro__):
+        return None
+    hops = []
+    f: types.FrameType | None = frame
+    while f is not catcher and f is not None:
+        f = f.f_back
+        if f is None:
+            return None
+        hops.append((f.f_code, f.f_lasti))
+    return tuple(hops), name, cls
+
+
+def _global(frame: types.FrameType, name: str) -> Any:
+    """What ``LOAD_GLOBAL name`` gives in ``frame`` (or ``_UNKNOWN``)."""
+    value = frame.f_globals.get(name, _UNKNOWN)
+    if value is _UNKNOWN:
+        builtins = frame.f_builtins
+        value = builtins.get(name, _UNKNOWN) if isinstance(builtins, dict) else _UNKNOWN
+    return value
+
+
+#: id(cell's constant) -> (that constant, exception class, ``files_dropped``,
+#: raising code, ((code, offset) of each caller up to the handler), the
+#: handler's name, its class): the last route of each raising cell
+_ROUTES: dict[int, tuple] = {}
+
+
+def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType,
+                   route: tuple) -> None:
+    """Keep the route ``take_passing`` gave for exceptions like ``exc``
+    raised in the cell ``ref`` names, in ``frame`` (whose cell has no
+    handler of its own around it: the caller's check makes it so)."""
+    hops, name, cls = route
+    _ROUTES[id(ref)] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls)
+
+
+def known_route(exc: BaseException, ref: tuple, frame: types.FrameType
+                ) -> types.FrameType | None:
+    """The frame that surely catches ``exc``, raised in the cell ``ref``
+    names, when it takes the route remembered for that cell; else None.
+    (Asked first at every barrier while the engine is quiet: kept to
+    identity and offset reads, ``_global`` written out.  The ``caught_above``
+    memo is not touched: ``take_passing`` emptied it when the route was
+    found, and it checks its own exception's way.)"""
+    route = _ROUTES.get(id(ref))
+    if (route is None or route[0] is not ref or route[1] is not type(exc)
+            or route[3] is not frame.f_code or route[2] != RUNTIME.files_dropped):
+        return None
+    f = frame
+    try:
+        for code, lasti in route[4]:
+            f = f.f_back  # type: ignore[assignment]
+            if f.f_code is not code or f.f_lasti != lasti:
+                return None
+    except AttributeError:  # (no caller left: ``f_back`` was None)
+        return None
+    cls = f.f_globals.get(route[5], _UNKNOWN)
+    if cls is _UNKNOWN:
+        builtins = f.f_builtins
+        cls = builtins.get(route[5], _UNKNOWN) if isinstance(builtins, dict) else _UNKNOWN
+    return f if cls is route[6] else None
 
 
 def _exception_path(frame: types.FrameType):

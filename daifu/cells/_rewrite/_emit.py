@@ -11,11 +11,12 @@ from bytecode.instr import CellVar, InstrLocation
 from ..._record import field, record
 from .._cell import (
     CONTINUE_CODE,
+    PASSING,
     RAISE_CODE,
     RETRY_CODE,
     SKIP_CODE,
-    ExceptGuard,
     jump_answer,
+    own_catch,
 )
 from ._ops import (
     _BACKWARD,
@@ -219,40 +220,18 @@ def _barrier_module(hooks, loc=_NOWHERE) -> list[Instr]:
             _instr("BINARY_SUBSCR", loc=loc)]
 
 
-#: the attribute of the barrier's module that holds the exception a barrier
-#: found the program to catch, on its way there (see ``engine._barrier``)
-PASSING = "passing"
-
-
-def own_catch(guards) -> str | None:
-    """The name of the class the innermost handler around a group's cells
-    catches first, where the stub can test it itself: an ``except Name:``
-    (a global or builtin, read as the handler reads it) that does not
-    re-raise; None otherwise (a ``with``, a tuple, an attribute, a local,
-    a bare ``except``, or ``BaseException``, which daifu's own pause
-    request derives from)."""
-    if not guards or not isinstance(guards[0], ExceptGuard):
-        return None
-    if not guards[0].clauses:
-        return None
-    clause = guards[0].clauses[0]
-    test = clause.test
-    if (test is None or clause.bare or clause.reraises or test.scope != "global"
-            or test.attrs or test.items is not None or test.is_const
-            or test.name == "BaseException"):
-        return None
-    return test.name
-
-
-def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
-    """``[sys]`` -> ``[sys]``, or re-raise at once: the exception a barrier
-    below found the program to catch, on its way to the frame that catches
-    it, passes this stub without calling anything.  The barrier's module
-    holds ``passing = [exception, catching frame, quiet]``; the first two
-    are set while such an exception travels (``engine._guards.passing``),
-    and the catching frame's own stub empties them.
+def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]:
+    """``[]`` -> ``[]``, or re-raise at once: the exception a barrier below
+    found the program to catch, on its way to the frame that catches it,
+    passes this stub without calling anything.  The engine's list
+    ``passing = [exception, catching frame, quiet]`` (``engine._guards``)
+    is the builtin ``PASSING`` (one ``LOAD_GLOBAL``; in a process without
+    daifu's engine the name is missing, and the stub re-raises the exception
+    as if daifu were not there); the first two are set while such an
+    exception travels, and the catching frame's own stub empties them.
     Attribute reads, subscripts and identity tests only: no call, no event
-    for a profiler or tracer.
+    for a profiler or tracer.  (``guard_key``: the stub's handler with the
+    entry stack; ``above_key``: the same, with one value above it.)
 
     ``own`` (``own_catch``): the exception goes straight on to the
     function's own ``except own:`` when it is one, unless the engine has
@@ -261,16 +240,16 @@ def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
     answer "re-raise" all the same."""
     slow, pass_on, not_passing = Label(), Label(), Label()
     loc = _NOWHERE
-    # stack: ..., lasti, exc, ref, sys
-    check = [
-        _instr("COPY", 1, loc), *_barrier_module(hooks, loc), _attr(PASSING, loc),  # sys, passing
+    # stack: ..., lasti, exc, ref
+    items = [_Item(_instr("LOAD_GLOBAL", (False, PASSING), loc), guard_key)]
+    check = [  # ..., lasti, exc, ref, passing
         _instr("COPY", 1, loc), _instr("LOAD_CONST", 0, loc),
-        _instr("BINARY_SUBSCR", loc=loc),  # sys, passing, passing[0]
-        _instr("COPY", 5, loc), _instr("IS_OP", 0, loc),
+        _instr("BINARY_SUBSCR", loc=loc),  # passing, passing[0]
+        _instr("COPY", 4, loc), _instr("IS_OP", 0, loc),
         _instr(POP_JUMP_IF_FALSE, not_passing, loc),
         # passing on: is this the frame that catches it?  (the exception's
         # newest traceback entry is this frame's)
-        _instr("COPY", 4, loc), _attr("__traceback__", loc), _attr("tb_frame", loc),
+        _instr("COPY", 3, loc), _attr("__traceback__", loc), _attr("tb_frame", loc),
         _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc), _instr("BINARY_SUBSCR", loc=loc),
         _instr("IS_OP", 0, loc), _instr(POP_JUMP_IF_FALSE, pass_on, loc),
         # arrived: nothing is kept for it any longer
@@ -279,24 +258,24 @@ def _passing(hooks, sys_key, entry, own: str | None = None) -> list[_Item]:
         _none_const(), _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc),
         _instr("STORE_SUBSCR", loc=loc),
     ]
-    items = _items(check, sys_key)
+    items += _items(check, above_key)
     items.append(_Item(label=pass_on))
-    items += [_Item(_instr("POP_TOP", loc=loc), entry), *_reraise(entry)]  # (passing, sys)
+    items += _reraise(entry)  # (passing, ref)
     items.append(_Item(label=not_passing))
     if own is not None:
         # the function's own ``except own:`` catches it, and the engine is quiet
         own_no = Label()
         items += _items([_instr("COPY", 1, loc), _instr("LOAD_CONST", 2, loc),
                          _instr("BINARY_SUBSCR", loc=loc), _instr(POP_JUMP_IF_FALSE, slow, loc),
-                         _instr("COPY", 4, loc), _instr("LOAD_GLOBAL", (False, own), loc),
+                         _instr("COPY", 3, loc), _instr("LOAD_GLOBAL", (False, own), loc),
                          _instr("CHECK_EXC_MATCH", loc=loc),
-                         _instr(POP_JUMP_IF_FALSE, own_no, loc)], sys_key)
-        items += [_Item(_instr("POP_TOP", loc=loc), entry),  # (exc, passing, sys)
-                  _Item(_instr("POP_TOP", loc=loc), entry), *_reraise(entry)]
+                         _instr(POP_JUMP_IF_FALSE, own_no, loc)], above_key)
+        items += [_Item(_instr("POP_TOP", loc=loc), entry),  # (exc), then passing, ref
+                  *_reraise(entry)]
         items.append(_Item(label=own_no))
-        items.append(_Item(_instr("POP_TOP", loc=loc), sys_key))
+        items.append(_Item(_instr("POP_TOP", loc=loc), above_key))
     items.append(_Item(label=slow))
-    items.append(_Item(_instr("POP_TOP", loc=loc), sys_key))
+    items.append(_Item(_instr("POP_TOP", loc=loc), guard_key))
     return items
 
 
@@ -454,7 +433,7 @@ def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entr
     fallback_sys, traced_fallback, answered = Label(), Label(), Label()
     not_raise, on_other, own_answers = Label(), Label(), Label()
     guard_key = (fallback, False, b + 3)  # any failure in the stub: re-raise the original
-    sys_key = (fallback_sys, False, b + 4)  # (the same, with sys on the stack)
+    sys_key = (fallback_sys, False, b + 4)  # (the same, with sys or ``passing`` on the stack)
     traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
     # stack: ..., lasti, exc, ref, sys, profile, trace
@@ -468,8 +447,8 @@ def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entr
         call.append(_instr("COPY", b + 11, loc))
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
-    items = _items(_import_sys(), guard_key)
-    items += _passing(hooks, sys_key, entry, own)
+    items = _passing(guard_key, sys_key, entry, own)
+    items += _items(_import_sys(), guard_key)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
     # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
