@@ -22,7 +22,7 @@ from .._record import field, record, replace
 from .._runtime import RUNTIME
 from . import _lazy, _registry
 from ._backend import Backend
-from ._cell import PASSING, CodeInfo, is_vaccinated
+from ._cell import P_SYS, PASSING, CodeInfo, is_vaccinated
 from ._dispatch import backend
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -133,6 +133,10 @@ def use_barrier(barrier: Callable, passing: list) -> None:
     and the list they read before they call it (``engine._guards.passing``),
     which they reach as the builtin ``PASSING``."""
     HOOKS.barrier = barrier
+    # (the method-wrappers, made once: a profiler sees no call of them)
+    wrappers = [fn.__call__ for fn in (sys.getprofile, sys.gettrace)]  # type: ignore[operator]
+    del passing[P_SYS:]
+    passing += [sys, barrier, *wrappers]
     setattr(builtins, PASSING, passing)
 
 

@@ -11,27 +11,6 @@ from ..cells._cell import _INFOS
 from ._engine import ENGINE
 from ._guards import caught_above, known_route, passing, remember_route, take_passing
 
-
-def _cheap_import_sys() -> None:
-    """Every stub reaches ``sys`` by ``import sys`` (by name: its code holds
-    plain constants).  On 3.11 that import took 0.37 us against 0.07 us for
-    ``import os``: the import fast path asks the module's spec whether it is
-    still initializing (``__spec__._initializing``), and ``sys``'s spec,
-    made while the interpreter boots, never had the attribute that the
-    import system sets on the spec of every module it loads -- a failed
-    attribute lookup on every stub entry.  Give it the value every other
-    loaded module's spec has (3.13's ``sys`` spec has it already)."""
-    spec = getattr(sys, "__spec__", None)
-    if spec is not None and not hasattr(spec, "_initializing"):
-        try:
-            spec._initializing = False
-        except Exception:  # (a spec that takes no attributes: only slower)
-            pass
-
-
-_cheap_import_sys()
-
-
 # ``passing`` (imported above) is read by the stubs by name, as the builtin
 # ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
 __all__ = ["barrier", "passing"]

@@ -582,10 +582,12 @@ def _global(frame: types.FrameType, name: str) -> Any:
     return value
 
 
-#: id(cell's constant) -> (that constant, exception class, ``files_dropped``,
+#: cell's constant -> (that very constant, exception class, ``files_dropped``,
 #: raising code, ((code, offset) of each caller up to the handler), the
-#: handler's name, its class): the last route of each raising cell
-_ROUTES: dict[int, tuple] = {}
+#: handler's name, its class): the last route of each raising cell (keyed by
+#: the constant's value, which hashes faster than ``id()`` is called)
+_ROUTES: dict[tuple, tuple] = {}
+RUNTIME.on_reset(_ROUTES.clear)
 
 
 def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType,
@@ -594,18 +596,18 @@ def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType,
     raised in the cell ``ref`` names, in ``frame`` (whose cell has no
     handler of its own around it: the caller's check makes it so)."""
     hops, name, cls = route
-    _ROUTES[id(ref)] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls)
+    _ROUTES[ref] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls)
 
 
 def known_route(exc: BaseException, ref: tuple, frame: types.FrameType
                 ) -> types.FrameType | None:
     """The frame that surely catches ``exc``, raised in the cell ``ref``
     names, when it takes the route remembered for that cell; else None.
-    (Asked first at every barrier while the engine is quiet: kept to
+    (Asked first at every barrier call: kept to
     identity and offset reads, ``_global`` written out.  The ``caught_above``
     memo is not touched: ``take_passing`` emptied it when the route was
     found, and it checks its own exception's way.)"""
-    route = _ROUTES.get(id(ref))
+    route = _ROUTES.get(ref)
     if (route is None or route[0] is not ref or route[1] is not type(exc)
             or route[3] is not frame.f_code or route[2] != RUNTIME.files_dropped):
         return None
@@ -615,12 +617,12 @@ def known_route(exc: BaseException, ref: tuple, frame: types.FrameType
             f = f.f_back  # type: ignore[assignment]
             if f.f_code is not code or f.f_lasti != lasti:
                 return None
+        # (``f_builtins`` is a dict: CPython takes a module's ``__dict__``)
+        cls = f.f_globals.get(route[5], _UNKNOWN)
+        if cls is _UNKNOWN:
+            cls = f.f_builtins.get(route[5], _UNKNOWN)
     except AttributeError:  # (no caller left: ``f_back`` was None)
         return None
-    cls = f.f_globals.get(route[5], _UNKNOWN)
-    if cls is _UNKNOWN:
-        builtins = f.f_builtins
-        cls = builtins.get(route[5], _UNKNOWN) if isinstance(builtins, dict) else _UNKNOWN
     return f if cls is route[6] else None
 
 

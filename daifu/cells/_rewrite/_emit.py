@@ -11,6 +11,10 @@ from bytecode.instr import CellVar, InstrLocation
 from ..._record import field, record
 from .._cell import (
     CONTINUE_CODE,
+    P_BARRIER,
+    P_GETPROFILE,
+    P_GETTRACE,
+    P_SYS,
     PASSING,
     RAISE_CODE,
     RETRY_CODE,
@@ -191,37 +195,27 @@ def _attr(name: str, loc) -> Instr:
     return _instr("LOAD_ATTR", (False, name) if PY.load_attr_method_flag else name, loc)
 
 
-def _import_sys() -> list[Instr]:
-    """Push the ``sys`` module, reached by name: ``import sys`` (a lookup in
-    ``sys.modules``: no frame, no event), once per stub entry -- it stays on
-    the stack while the stub needs it."""
-    return [_instr("LOAD_CONST", 0, _NOWHERE), _none_const(),
-            _instr("IMPORT_NAME", "sys", _NOWHERE)]
-
-
 def _sys_callable(path: list[Instr], sys_at: int, loc=_NOWHERE) -> list[Instr]:
-    """The callable ``path`` reads from ``sys`` (``sys_at``: its position from
-    the top of the stack, 1 = top), with the NULL of the call beside it."""
+    """The callable ``path`` reads from the ``passing`` list (``sys_at``: its
+    position from the top of the stack, 1 = top), with the NULL of the call
+    beside it."""
     if PY.null_below_callable:
         return [_instr("PUSH_NULL", loc=loc), _instr("COPY", sys_at + 1, loc), *path]
     return [_instr("COPY", sys_at, loc), *path, _instr("PUSH_NULL", loc=loc)]
 
 
-def _barrier_path(hooks, loc=_NOWHERE) -> list[Instr]:
-    """``sys`` -> the engine's barrier function: ``sys.modules[module].name``
-    (never imported here: in a process without daifu's engine the lookup
-    fails, and the stub re-raises the exception as if daifu were not there)."""
-    return [*_barrier_module(hooks, loc), _attr(hooks.barrier.__name__, loc)]
+def _slot(index: int, loc=_NOWHERE) -> list[Instr]:
+    """``passing`` -> ``passing[index]`` (``_cell.P_*``)."""
+    return [_instr("LOAD_CONST", index, loc), _instr("BINARY_SUBSCR", loc=loc)]
 
 
-def _barrier_module(hooks, loc=_NOWHERE) -> list[Instr]:
-    """``sys`` -> the barrier's module, ``sys.modules[name]`` (see ``_barrier_path``)."""
-    return [_attr("modules", loc), _instr("LOAD_CONST", hooks.barrier.__module__, loc),
-            _instr("BINARY_SUBSCR", loc=loc)]
+def _sys(name: str, loc=_NOWHERE) -> list[Instr]:
+    """``passing`` -> ``sys.<name>``."""
+    return [*_slot(P_SYS, loc), _attr(name, loc)]
 
 
 def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]:
-    """``[]`` -> ``[]``, or re-raise at once: the exception a barrier below
+    """``[]`` -> ``[passing]``, or re-raise at once: the exception a barrier below
     found the program to catch, on its way to the frame that catches it,
     passes this stub without calling anything.  The engine's list
     ``passing = [exception, catching frame, quiet]`` (``engine._guards``)
@@ -231,7 +225,9 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
     exception travels, and the catching frame's own stub empties them.
     Attribute reads, subscripts and identity tests only: no call, no event
     for a profiler or tracer.  (``guard_key``: the stub's handler with the
-    entry stack; ``above_key``: the same, with one value above it.)
+    entry stack; ``above_key``: the same, with one value above it.)  The
+    list stays on the stack for the rest of the stub: the barrier call reads
+    ``sys`` and the barrier from it too.
 
     ``own`` (``own_catch``): the exception goes straight on to the
     function's own ``except own:`` when it is one, unless the engine has
@@ -275,17 +271,16 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
         items.append(_Item(label=own_no))
         items.append(_Item(_instr("POP_TOP", loc=loc), above_key))
     items.append(_Item(label=slow))
-    items.append(_Item(_instr("POP_TOP", loc=loc), guard_key))
     return items
 
 
 def _invisible(name: str) -> list[Instr]:
-    """``sys`` -> ``sys.<name>.__call__``: calling it emits no profile event."""
-    return [_attr(name, _NOWHERE), _attr("__call__", _NOWHERE)]
+    """``passing`` -> ``sys.<name>.__call__``: calling it emits no profile event."""
+    return [*_sys(name), _attr("__call__", _NOWHERE)]
 
 
 def _suspend_tracing() -> list:
-    """``[sys]`` -> ``[sys, profile, trace]``: push ``sys.getprofile()`` and
+    """``[passing]`` -> ``[passing, profile, trace]``: push ``sys.getprofile()`` and
     ``sys.gettrace()`` and switch both off, so that the Python code daifu
     calls next (the engine) produces no call or line events for a debugger,
     coverage or a profiler.  Builtins only, called through their ``__call__``
@@ -295,8 +290,8 @@ def _suspend_tracing() -> list:
     stack of calls in progress went wrong (callers counted twice)."""
     no_profile, no_trace = Label(), Label()
     return [
-        *_sys_callable(_invisible("getprofile"), 1),
-        *_call(0, _NOWHERE),  # sys, profile
+        *_sys_callable(_slot(P_GETPROFILE), 1),
+        *_call(0, _NOWHERE),  # passing, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_profile, _NOWHERE),
         *_sys_callable(_invisible("setprofile"), 2),
@@ -304,8 +299,8 @@ def _suspend_tracing() -> list:
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         no_profile,
-        *_sys_callable(_invisible("gettrace"), 2),
-        *_call(0, _NOWHERE),  # sys, profile, trace
+        *_sys_callable(_slot(P_GETTRACE), 2),
+        *_call(0, _NOWHERE),  # passing, profile, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, no_trace, _NOWHERE),
         *_sys_callable(_invisible("settrace"), 3),
@@ -317,33 +312,33 @@ def _suspend_tracing() -> list:
 
 
 def _restore_tracing() -> list:
-    """``[sys, profile, trace, result]`` -> ``[result]``, the tracer and
+    """``[passing, profile, trace, result]`` -> ``[result]``, the tracer and
     profiler set back exactly as they were (after daifu's frame has returned,
     so neither sees its return)."""
     trace_off, profile_off, c_profiler = Label(), Label(), Label()
     return [
-        _instr("SWAP", 2, _NOWHERE),  # sys, profile, result, trace
+        _instr("SWAP", 2, _NOWHERE),  # passing, profile, result, trace
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, trace_off, _NOWHERE),
-        *_sys_callable([_attr("settrace", _NOWHERE)], 4),
+        *_sys_callable(_sys("settrace"), 4),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
         trace_off,
         _instr("POP_TOP", loc=_NOWHERE),
-        _instr("SWAP", 2, _NOWHERE),  # sys, result, profile
+        _instr("SWAP", 2, _NOWHERE),  # passing, result, profile
         _instr("COPY", 1, _NOWHERE),
         _instr(POP_JUMP_IF_NONE, profile_off, _NOWHERE),
         # a C profiler (3.11's cProfile) is not a callable: sys.getprofile()
         # gives its object, and sys.setprofile(obj) would install the object
         # as a Python profile function ("'Profile' object is not callable" at
         # the next event); ``obj.enable()`` puts it back as it was
-        *_sys_callable([_attr("modules", _NOWHERE), _instr("LOAD_CONST", "builtins", _NOWHERE),
+        *_sys_callable([*_sys("modules"), _instr("LOAD_CONST", "builtins", _NOWHERE),
                         _instr("BINARY_SUBSCR", loc=_NOWHERE), _attr("callable", _NOWHERE)], 3),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr(POP_JUMP_IF_FALSE, c_profiler, _NOWHERE),
-        *_sys_callable([_attr("setprofile", _NOWHERE)], 3),
+        *_sys_callable(_sys("setprofile"), 3),
         _instr("COPY", 3, _NOWHERE),
         *_call(1, _NOWHERE),
         _instr("POP_TOP", loc=_NOWHERE),
@@ -354,7 +349,7 @@ def _restore_tracing() -> list:
         _instr("POP_TOP", loc=_NOWHERE),
         profile_off,
         _instr("POP_TOP", loc=_NOWHERE),
-        _instr("SWAP", 2, _NOWHERE),  # result, sys
+        _instr("SWAP", 2, _NOWHERE),  # result, passing
         _instr("POP_TOP", loc=_NOWHERE),
     ]
 
@@ -394,7 +389,7 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool,
 def stub_peak(base: int) -> int:
     """The deepest the stack gets in the stub of a group with base depth
     ``base`` (``_group_items``): the barrier call's arguments.  On entry
-    lasti, exc and the cell's constant (base + 3); sys, profile, trace (+ 3);
+    lasti, exc and the cell's constant (base + 3); passing, profile, trace (+ 3);
     the barrier and its NULL (+ 2); exc, cell, lasti again (base + 11); then
     the ``base`` stack values copied (2 base + 11) and built into one tuple
     (base + 12).  (The tests compare it with a full analysis.)"""
@@ -433,12 +428,12 @@ def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entr
     fallback_sys, traced_fallback, answered = Label(), Label(), Label()
     not_raise, on_other, own_answers = Label(), Label(), Label()
     guard_key = (fallback, False, b + 3)  # any failure in the stub: re-raise the original
-    sys_key = (fallback_sys, False, b + 4)  # (the same, with sys or ``passing`` on the stack)
+    sys_key = (fallback_sys, False, b + 4)  # (the same, with ``passing`` on the stack)
     traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
-    # stack: ..., lasti, exc, ref, sys, profile, trace
+    # stack: ..., lasti, exc, ref, passing, profile, trace
     call = [
-        *_sys_callable(_barrier_path(hooks, loc), 3, loc),
+        *_sys_callable(_slot(P_BARRIER, loc), 3, loc),
         _instr("COPY", 7, loc),  # exc
         _instr("COPY", 7, loc),  # ref
         _instr("COPY", 10, loc),  # lasti
@@ -448,10 +443,9 @@ def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entr
     call.append(_instr("BUILD_TUPLE", b, loc))
     call += _call(4, loc)
     items = _passing(guard_key, sys_key, entry, own)
-    items += _items(_import_sys(), guard_key)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
-    # ..., lasti, exc, ref, sys, profile, trace, answer -> ..., lasti, exc, ref, answer
+    # ..., lasti, exc, ref, passing, profile, trace, answer -> ..., lasti, exc, ref, answer
     items += _items([answered, *_restore_tracing()], sys_key)
     # re-raise first, straight on: the answer to every exception the program handles
     items += _items([_instr("COPY", 1, loc), _instr("LOAD_CONST", RAISE_CODE, loc),
