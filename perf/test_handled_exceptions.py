@@ -39,18 +39,20 @@ def test_exception_caught_frames_up(benchmark):
         per_raise[depth] = (t_plain / n * 1e6, t_vacc / n * 1e6)
         record("Handled exceptions (EAFP through vaccinated frames)",
                f"KeyError caught {depth + 2} vaccinated frames up", t_vacc / n * 1e6, "us/raise",
-               "", f"plain {t_plain / n * 1e6:.1f} us/raise")
+               "<= 3x plain", f"{t_vacc / t_plain:.1f}x plain's {t_plain / n * 1e6:.2f} us/raise")
     # what each further frame adds (5 -> 20 frames deeper): the first barrier's
-    # walk of that caller, and its stub letting the exception pass
+    # check of the remembered route through that caller, and its stub letting
+    # the exception pass
     plain_frame = (per_raise[20][0] - per_raise[5][0]) / 15
     vacc_frame = (per_raise[20][1] - per_raise[5][1]) / 15
+    ratio = vacc_frame / plain_frame
     record("Handled exceptions (EAFP through vaccinated frames)",
            "  each further vaccinated frame", vacc_frame, "us", "<= 3x plain per frame",
-           f"{vacc_frame / plain_frame:.1f}x plain's {plain_frame:.2f} us (not met: see "
-           "limitations.md)")
+           f"{ratio:.1f}x plain's {plain_frame:.2f} us" + ("" if ratio <= 3 else
+                                                          " (not met: see limitations.md)"))
     record("Handled exceptions (EAFP through vaccinated frames)",
            "  once per raise (the first barrier, 2 frames up)", per_raise[0][1] - per_raise[0][0],
-           "us", "", "the stub's barrier call and the search for the handler")
+           "us", "", "the stub's barrier call and the check of the remembered route")
     benchmark.group = "handled-exceptions"
     deep = build(20, vaccinate=True)
     benchmark(lambda: deep(n))
