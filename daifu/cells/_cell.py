@@ -127,12 +127,13 @@ Guard = ExceptGuard | WithGuard | FinallyGuard | OpaqueGuard
 #: that rewritten code holds plain constants and, in a process without
 #: daifu's engine, finds nothing and re-raises as if daifu were not there
 PASSING = "__daifu_passing__"
-#: what that list holds, by index: the exception passing on and the frame
-#: that catches it, "quiet" (``engine._guards.passing``); then what every
-#: barrier call needs (``use_barrier``): ``sys``, the barrier, and
-#: ``sys.getprofile`` and ``sys.gettrace`` as method-wrappers (called
-#: through ``__call__``: no profile event)
-P_EXC, P_FRAME, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE = range(7)
+#: what that list holds, by index: the exception passing on and the
+#: constant of the stub of the frame that catches it, "quiet"
+#: (``engine._guards.passing``); then what every barrier call needs
+#: (``use_barrier``): ``sys``, the barrier, and ``sys.getprofile`` and
+#: ``sys.gettrace`` as method-wrappers (called through ``__call__``: no
+#: profile event)
+P_EXC, P_STUB, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE = range(7)
 
 
 def own_catch(guards) -> str | None:

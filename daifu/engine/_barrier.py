@@ -28,7 +28,7 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
         # this cell's exception takes the route a search found to a sure
         # catch before, and the engine is quiet: on to that handler, nothing
         # else asked (the commonest call, from a loop of EAFP code)
-        catcher = known_route(exc, ref, frame)
+        catcher = known_route(exc, ref, frame)  # (its stub's constant)
         if catcher is not None and passing[2]:
             passing[1] = catcher
             passing[0] = exc
@@ -55,7 +55,7 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
                 passing[1] = taken[0]
                 passing[0] = exc
                 if taken[1] is not None and not cell.guards:
-                    remember_route(ref, exc, frame, taken[1])
+                    remember_route(ref, exc, frame, taken[0], taken[1])
             return RAISE_CODE
         if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry
             new = answer[0]

@@ -315,15 +315,17 @@ def would_catch(guards: tuple[Guard, ...], exc: BaseException, frame: types.Fram
 _CATCH_ALL = (BaseException, Exception)
 
 
-#: ``[exception, frame, quiet]``, read by every stub before it calls its
-#: barrier (``cells._rewrite._emit._passing``; in ``_barrier``'s namespace):
+#: ``[exception, stub, quiet]`` (then what ``cells.use_barrier`` adds), read
+#: by every stub, as the builtin ``cells._cell.PASSING``, before it calls its
+#: barrier (``cells._rewrite._emit._passing``):
 #:
-#: * the exception a barrier found the program to catch surely, in that
-#:   frame, with nothing between that could catch it or keep it from getting
-#:   there (``take_passing``): the stubs of the frames between re-raise it
-#:   without calling anything, and the catching frame's stub empties both
-#:   slots -- so does every barrier call (slots that still hold something
-#:   then hold an exception that went another way);
+#: * the exception a barrier found the program to catch surely, in a frame
+#:   with nothing between that could catch it or keep it from getting there
+#:   (``take_passing``), and the constant of the stub it reaches there: the
+#:   stubs of the frames between re-raise it without calling anything, and
+#:   the stub that loads that constant empties both slots -- so does every
+#:   barrier call (slots that still hold something then hold an exception
+#:   that went another way);
 #: * quiet: no retry or decision in flight and no pause requested -- a stub
 #:   whose function's own ``except Name:`` catches the exception re-raises it
 #:   to that handler without a call (the barrier would answer "re-raise").
@@ -339,10 +341,11 @@ class _Memo(threading.local):
     #: four fields: its address, its frame's, the code, the offset); see
     #: ``caught_above``
     caught: tuple | None = None
-    #: the frame that surely catches the exception ``handled_above`` last
-    #: looked at, when nothing between can catch it or keep it from getting
-    #: there and that frame's own stub will see it, with the route to it when
-    #: it can be remembered (``take_passing``, ``remember_route``)
+    #: the constant of the stub of the frame that surely catches the
+    #: exception ``handled_above`` last looked at, when nothing between can
+    #: catch it or keep it from getting there and that stub will see it,
+    #: with the route to it when it can be remembered (``take_passing``,
+    #: ``remember_route``)
     passing: tuple | None = None
 
 
@@ -473,9 +476,13 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
                 head = exc.__traceback__
                 if head is not None and head.tb_frame is frame:
                     _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
-                    if plain and vaccinated_here and _reaches_stub(caller):
-                        _seen.passing = (caller, _route(frame, caller, guards, exc)
-                                         if bare and steps is None else None)
+                    if plain and vaccinated_here:
+                        stub = facts[4]
+                        if stub is MISSING:
+                            stub = facts[4] = _stub_const(code, lasti)
+                        if stub is not None:  # (the exception reaches the catcher's stub)
+                            _seen.passing = (stub, _route(frame, caller, guards, exc)
+                                             if bare and steps is None else None)
                 return True
             bare = False
             if verdict is None:
@@ -494,7 +501,9 @@ def _facts(code: types.CodeType, offset: int) -> list:
     """What the walk asks of a caller stopped at byte ``offset`` of ``code``,
     kept in ``_FACTS``: [is ``code`` vaccinated, the handlers around
     ``offset`` (``guards_at``), the code this call site was last seen to
-    enter, and whether through C (``_via_c``)].  The last two only let an
+    enter, whether through C (``_via_c``), and the constant of the stub that
+    an exception from there reaches (``_stub_const``; ``MISSING`` until
+    asked)].  The last two only let an
     exception pass the stubs between (``passing``): a site that enters the
     same code both directly and through C code that catches (``hasattr`` one
     time, a plain call the next) would, at worst, leave the last such
@@ -505,7 +514,7 @@ def _facts(code: types.CodeType, offset: int) -> list:
             guards = _guards_at(code, offset)
         except Exception:
             guards = ()
-        facts = [cells_of(code) is not None, guards, None, None]
+        facts = [cells_of(code) is not None, guards, None, None, MISSING]
         _FACTS.keep((id(code), offset), code, facts)
     return facts
 
@@ -514,17 +523,27 @@ def _facts(code: types.CodeType, offset: int) -> list:
 _FACTS = IdentityMemo()
 
 
-def _reaches_stub(catcher: types.FrameType) -> bool:
-    """Will the exception reach ``catcher``'s own stub (its instruction is
-    in one of its cells)?"""
-    info = cells_of(catcher.f_code)
-    return info is not None and cell_at(info, catcher.f_code, catcher.f_lasti) is not None
+def _stub_const(code: types.CodeType, offset: int) -> tuple | None:
+    """The constant that the stub of the cell holding byte ``offset`` of
+    ``code`` loads (the very object in ``co_consts``: the stubs compare it
+    by identity, ``passing[1]``), or None when no cell holds it (the
+    exception would not reach a stub there)."""
+    info = cells_of(code)
+    cell = cell_at(info, code, offset) if info is not None else None
+    if cell is None:
+        return None
+    want = info.ref(cell)  # type: ignore[union-attr]
+    for const in code.co_consts:
+        if type(const) is tuple and const == want:
+            return const
+    return None
 
 
 def take_passing() -> tuple | None:
-    """``(frame, route)``: the frame ``handled_above`` last found to catch
-    the exception surely, with nothing between (see ``_Memo.passing``), and
-    what ``remember_route`` keeps of the way there (or None); forgotten once
+    """``(stub, route)``: the constant of the stub of the frame
+    ``handled_above`` last found to catch the exception surely, with
+    nothing between (see ``_Memo.passing``), and what ``remember_route``
+    keeps of the way there (or None); forgotten once
     asked, and with it the memo ``caught_above`` reads: the stubs between
     let the exception pass instead, and the catching frame's stub lets go of
     it, so that an exception leaving that frame again is judged anew."""
@@ -584,25 +603,27 @@ def _global(frame: types.FrameType, name: str) -> Any:
 
 #: cell's constant -> (that very constant, exception class, ``files_dropped``,
 #: raising code, ((code, offset) of each caller up to the handler), the
-#: handler's name, its class): the last route of each raising cell (keyed by
-#: the constant's value, which hashes faster than ``id()`` is called)
+#: handler's name, its class, the constant of the handler's frame's stub):
+#: the last route of each raising cell (keyed by the constant's value,
+#: which hashes faster than ``id()`` is called)
 _ROUTES: dict[tuple, tuple] = {}
 RUNTIME.on_reset(_ROUTES.clear)
 
 
-def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType,
+def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType, stub: tuple,
                    route: tuple) -> None:
     """Keep the route ``take_passing`` gave for exceptions like ``exc``
     raised in the cell ``ref`` names, in ``frame`` (whose cell has no
-    handler of its own around it: the caller's check makes it so)."""
+    handler of its own around it: the caller's check makes it so), to the
+    frame whose stub loads ``stub``."""
     hops, name, cls = route
-    _ROUTES[ref] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls)
+    _ROUTES[ref] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls, stub)
 
 
-def known_route(exc: BaseException, ref: tuple, frame: types.FrameType
-                ) -> types.FrameType | None:
-    """The frame that surely catches ``exc``, raised in the cell ``ref``
-    names, when it takes the route remembered for that cell; else None.
+def known_route(exc: BaseException, ref: tuple, frame: types.FrameType) -> tuple | None:
+    """The constant of the stub of the frame that surely catches ``exc``,
+    raised in the cell ``ref`` names, when it takes the route remembered for
+    that cell (``passing[1]``); else None.
     (Asked first at every barrier call: kept to
     identity and offset reads, ``_global`` written out.  The ``caught_above``
     memo is not touched: ``take_passing`` emptied it when the route was
@@ -623,7 +644,7 @@ def known_route(exc: BaseException, ref: tuple, frame: types.FrameType
             cls = f.f_builtins.get(route[5], _UNKNOWN)
     except AttributeError:  # (no caller left: ``f_back`` was None)
         return None
-    return f if cls is route[6] else None
+    return route[7] if cls is route[6] else None
 
 
 def _exception_path(frame: types.FrameType):

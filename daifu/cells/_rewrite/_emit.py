@@ -218,7 +218,8 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
     """``[]`` -> ``[passing]``, or re-raise at once: the exception a barrier below
     found the program to catch, on its way to the frame that catches it,
     passes this stub without calling anything.  The engine's list
-    ``passing = [exception, catching frame, quiet]`` (``engine._guards``)
+    ``passing = [exception, catching frame's stub constant, quiet, ...]``
+    (``engine._guards``)
     is the builtin ``PASSING`` (one ``LOAD_GLOBAL``; in a process without
     daifu's engine the name is missing, and the stub re-raises the exception
     as if daifu were not there); the first two are set while such an
@@ -243,10 +244,11 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
         _instr("BINARY_SUBSCR", loc=loc),  # passing, passing[0]
         _instr("COPY", 4, loc), _instr("IS_OP", 0, loc),
         _instr(POP_JUMP_IF_FALSE, not_passing, loc),
-        # passing on: is this the frame that catches it?  (the exception's
-        # newest traceback entry is this frame's)
-        _instr("COPY", 3, loc), _attr("__traceback__", loc), _attr("tb_frame", loc),
-        _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc), _instr("BINARY_SUBSCR", loc=loc),
+        # passing on: is this the stub of the frame that catches it?  (its
+        # cell's constant is ``passing[1]``; a recursive frame between with
+        # the same cell lets go of it early: its callers' barriers decide)
+        _instr("COPY", 2, loc), _instr("COPY", 2, loc), _instr("LOAD_CONST", 1, loc),
+        _instr("BINARY_SUBSCR", loc=loc),
         _instr("IS_OP", 0, loc), _instr(POP_JUMP_IF_FALSE, pass_on, loc),
         # arrived: nothing is kept for it any longer
         _none_const(), _instr("COPY", 2, loc), _instr("LOAD_CONST", 0, loc),
