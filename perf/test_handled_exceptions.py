@@ -53,6 +53,8 @@ def test_exception_caught_frames_up(benchmark):
     record("Handled exceptions (EAFP through vaccinated frames)",
            "  once per raise (the first barrier, 2 frames up)", per_raise[0][1] - per_raise[0][0],
            "us", "", "the stub's barrier call and the check of the remembered route")
+    if ASSERT:  # (met with room on 3.11, which `make bench` runs; 3.13: ~2.8-3.0x)
+        assert ratio <= 3.0
     benchmark.group = "handled-exceptions"
     deep = build(20, vaccinate=True)
     benchmark(lambda: deep(n))
