@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from .test_transparency import PASSING
+
 
 def daifu(args, cwd, env=None, **kw):
     return subprocess.run([sys.executable, "-m", "daifu", *args], cwd=cwd, capture_output=True,
@@ -306,26 +308,9 @@ def test_start_up_is_lean_and_nothing_is_imported_while_the_program_runs(tmp_pat
     assert res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
-HANDLED_FROM_CACHE = '''
-import sys
-
-def lookup(d, k):
-    return d[k]
-
-def via(d, k):
-    return lookup(d, k)
-
-def caller(n):
-    hits = 0
-    for i in range(n):
-        try:
-            via({}, i)
-        except KeyError:
-            hits += 1
-    return hits
-
-print(caller(5), "bytecode" in sys.modules)
-'''
+# the 3-call EAFP chain of the transparency tests, run as a script
+HANDLED_FROM_CACHE = ("import sys\n" + textwrap.dedent(PASSING)
+                      + '\nprint(caller(5), "bytecode" in sys.modules)\n')
 
 
 def test_an_exception_the_program_handles_imports_no_rewrite(tmp_path):
