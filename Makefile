@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 PY313_BUILD ?= $(firstword $(wildcard ../shared/toolchains/python3.13 /work/shared/toolchains/python3.13))
 VENV313 ?= .venv-3.13
 
-$(VENV)/.installed: pyproject.toml setup.cfg
+$(VENV)/.installed: pyproject.toml setup.cfg daifu/engine/_routes.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
@@ -35,7 +35,7 @@ demo: setup
 test: test-3.11 test-3.13
 
 test-3.11: setup $(VENV)/.frameworks
-	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 $(PY) -m pytest
+	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1 $(PY) -m pytest
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## check: the fast lane (under 3 minutes on 2 cores): lint, then every test not
@@ -49,7 +49,7 @@ test-3.13:
 	test -x $(VENV313)/bin/python || { PY313=$$($(PY313_BUILD)) && $$PY313 -m venv $(VENV313); }
 	$(VENV313)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV313)/bin/python -m pip install --quiet -e '.[test]'
-	$(VENV313)/bin/python -m pytest
+	DAIFU_REQUIRE_SPEEDUPS=1 $(VENV313)/bin/python -m pytest
 	$(VENV313)/bin/python -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## bench: the full performance harness; asserts the targets, rewrites docs/performance.md

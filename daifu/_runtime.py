@@ -23,9 +23,6 @@ class Runtime:
     #: engine's "target files" and the reload's candidates)
     files: dict[str, Any] = field(default_factory=dict)
     files_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: counts the files that stopped being vaccinated (``forget``, ``reset``):
-    #: what the engine remembers of callers' files holds while it is unchanged
-    files_dropped: int = 0
     #: ``DAIFU_ENTRY`` name patterns that selected at least one function
     matched_entries: set[str] = field(default_factory=set)
     #: the unsupported-Python warning was given
@@ -35,18 +32,31 @@ class Runtime:
     #: the runner emitted its summary
     summarised: bool = False
     _resets: list[Callable[[], None]] = field(default_factory=list)
+    _drops: list[Callable[[], None]] = field(default_factory=list)
 
     def on_reset(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Register the reset of a package's own state object (engine, options ...)."""
         self._resets.append(fn)
         return fn
 
+    def on_drop(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Register what to forget when a file stops being vaccinated: what
+        the engine keeps about callers' files holds only while the set of
+        vaccinated files grows (``dropped``, and every ``reset``)."""
+        self._drops.append(fn)
+        return fn
+
+    def dropped(self) -> None:
+        """A file stopped being vaccinated (``cells._registry.forget``)."""
+        for fn in self._drops:
+            fn()
+
     def reset(self) -> None:
         """Forget everything: vaccinated files, rules, patches, counters,
         options, where events go."""
         with self.files_lock:
             self.files.clear()
-            self.files_dropped += 1
+        self.dropped()
         self.matched_entries.clear()
         self.warned_version = self.history_read = self.summarised = False
         for fn in self._resets:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -24,6 +25,57 @@ def _fresh_engine():
 @pytest.fixture
 def engine():
     return ENGINE
+
+
+@pytest.fixture(params=["c", "python"])
+def barrier_calls(request, monkeypatch):
+    """The stubs call the C barrier (``_routes``), then in a second run the
+    Python one (``_barrier.barrier``, what runs where the extension is not
+    built); yields the list of the names of the frames whose barrier went on
+    to judge the exception (``_barrier.judge``: no remembered route taken),
+    and, for the Python barrier, also those of every barrier call, as
+    ``(mode, judged, called)``."""
+    from daifu.cells import RAISE_CODE
+    from daifu.cells._cell import P_BARRIER
+    from daifu.engine import _barrier, _guards
+
+    judged: list[str] = []
+    called: list[str] = []
+    real = _barrier.judge
+
+    def judge(exc, ref, lasti, stack, frame):
+        judged.append(frame.f_code.co_name)
+        return real(exc, ref, lasti, stack, frame)
+
+    entry = _guards.passing[P_BARRIER]
+    if request.param == "c":
+        routes = speedups()
+        _guards.passing[P_BARRIER] = routes.install(_guards.ROUTES, _guards.passing, judge,
+                                                    RAISE_CODE)
+    else:
+        _guards.passing[P_BARRIER] = _barrier.barrier
+        monkeypatch.setattr(_barrier, "judge", judge)
+        monkeypatch.setattr(_barrier, "_getframe", lambda depth: called.append(
+            sys._getframe(depth + 1).f_code.co_name) or sys._getframe(depth + 1))
+    try:
+        yield request.param, judged, called
+    finally:
+        if request.param == "c":
+            routes.install(_guards.ROUTES, _guards.passing, real, RAISE_CODE)
+        _guards.passing[P_BARRIER] = entry
+
+
+def speedups():
+    """daifu's C extension (``daifu.engine._routes``); the test is skipped
+    where it is not built, and fails under ``DAIFU_REQUIRE_SPEEDUPS=1``
+    (``make test``)."""
+    try:
+        from daifu.engine import _routes  # type: ignore[attr-defined]
+    except ImportError:
+        if os.environ.get("DAIFU_REQUIRE_SPEEDUPS") == "1":
+            raise
+        pytest.skip("daifu's C extension (daifu/engine/_routes.c) is not built")
+    return _routes
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +117,9 @@ def pytest_configure(config):
         # (nor a missing tqdm the DataLoader tests and scenarios)
         import torch  # noqa: F401
         import tqdm  # noqa: F401
+    if os.environ.get("DAIFU_REQUIRE_SPEEDUPS") == "1":
+        # the C check of remembered routes is built (pip needs a C compiler)
+        import daifu.engine._routes  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_FRAMEWORKS") == "1":
         # the crash benchmark's Lightning and HF Trainer cases need them
         import lightning  # noqa: F401

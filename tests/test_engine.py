@@ -342,25 +342,25 @@ BIGS = []
 '''
 
 
-def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(monkeypatch):
+def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(
+        monkeypatch, barrier_calls):
     # 7 vaccinated frames: the first barrier finds the handler in loop(); the
     # stubs of the frames between let the exception pass without calling
     # anything (``_guards.passing``), and loop()'s stub lets go of it.  The
     # next exceptions take the same route: their first barrier checks it
-    # frame by frame (``known_route``) and asks the engine nothing
+    # frame by frame (``_guards.ROUTES``) and asks the engine nothing
     from daifu.engine import _barrier
 
+    mode, judged, called = barrier_calls
     ns = vaccinate(EAFP, entries=("lookup", "via", "loop"))
-    asked, barriers = [], []
-    judge, first_look = ENGINE.on_exception, _barrier.known_route
+    asked = []
+    judge = ENGINE.on_exception
     monkeypatch.setattr(ENGINE, "on_exception",
                         lambda *a: asked.append(a[4].f_code.co_name) or judge(*a))
-    monkeypatch.setattr(_barrier, "known_route",  # (every barrier call asks it first)
-                        lambda exc, ref, f: barriers.append(f.f_code.co_name)
-                        or first_look(exc, ref, f))
     assert ns["loop"](10) == 10
-    assert barriers == ["lookup"] * 10
-    assert asked == ["lookup"]
+    assert judged == asked == ["lookup"]
+    if mode == "python":  # (the C barrier's calls are not seen from Python)
+        assert called == ["lookup"] * 10
     # ... and nothing of it is kept: the frames' locals are freed as without daifu
     assert [r() for r in ns["BIGS"]] == [None] * 10
     assert _barrier.passing[:2] == [None, None]
@@ -383,13 +383,23 @@ def not_caught(d, k):
         return lookup(d, k)
     except ValueError:
         return "not this"
+
+def two_sites(d, k, guarded):
+    if guarded:
+        try:
+            return lookup(d, k)
+        except Missing:
+            return "caught"
+    return lookup(d, k)
 '''
 
 
-def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way():
+def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way(
+        barrier_calls):
     # lookup()'s KeyError is caught by caught() again and again: its route is
     # remembered.  The same cell's KeyError on its way through another
     # caller, or to a handler whose name now holds another class, is a crash
+    _mode, judged, _called = barrier_calls
     ns = vaccinate(ROUTES)
     fixed = []
 
@@ -400,6 +410,7 @@ def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way
         return daifu.RETRY
 
     assert [ns["caught"]({}, 1) for _ in range(3)] == ["caught"] * 3
+    assert judged == ["lookup"]  # (the first searched; the next two took its route)
     assert ns["not_caught"]({}, 1) == "fixed"
     assert ns["caught"]({}, 1) == "caught"
     ns["Missing"] = ValueError
@@ -407,6 +418,13 @@ def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way
     ns["Missing"] = KeyError
     assert ns["caught"]({}, 1) == "caught"
     assert fixed == ["not_caught", "caught"]
+    judged.clear()  # (the last call was searched again: the route is remembered)
+    assert [ns["caught"]({}, 1) for _ in range(3)] == ["caught"] * 3
+    assert judged == []
+    # the same caller, from another call site: not the same way
+    assert [ns["two_sites"]({}, 1, True) for _ in range(3)] == ["caught"] * 3
+    assert ns["two_sites"]({}, 1, False) == "fixed"
+    assert fixed == ["not_caught", "caught", "two_sites"]
 
 
 RERAISED = '''

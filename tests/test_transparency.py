@@ -553,17 +553,6 @@ PASSING = '''
 '''
 
 
-def _count_barriers(monkeypatch):
-    """The frames whose barrier was called (each asks ``known_route`` first)."""
-    from daifu.engine import _barrier
-
-    calls: list[str] = []
-    real = _barrier.known_route
-    monkeypatch.setattr(_barrier, "known_route", lambda exc, ref, frame: calls.append(
-        frame.f_code.co_name) or real(exc, ref, frame))
-    return calls
-
-
 def test_an_exception_c_code_swallows_is_not_held():
     # hasattr (C) swallows the property's exception although a caller
     # further up would catch it: the stubs between never see it pass, so
@@ -576,14 +565,14 @@ def test_an_exception_c_code_swallows_is_not_held():
         assert _barrier.passing[:2] == [None, None]
 
 
-def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(monkeypatch):
+def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(barrier_calls):
     # ``try: 10 // x`` / ``except ZeroDivisionError``: the stub sends the
     # exception straight to the function's own handler while the engine is
     # quiet, and asks its barrier when it is not
     from daifu.engine import _barrier
 
     eafp = vaccinate(TRACED, name="own_handler")["eafp"]
-    calls = _count_barriers(monkeypatch)
+    _mode, calls, _ = barrier_calls  # (no route here: every barrier call is judged)
     assert eafp([1, 0, 0, 2]) == [10, None, None, 5]
     assert calls == []
     _barrier.passing[2] = False  # (a retry or decision in flight, a pause requested)
@@ -593,9 +582,9 @@ def test_an_exception_the_functions_own_handler_catches_calls_no_barrier(monkeyp
     assert eafp([0]) == [None] and calls == ["eafp"]
 
 
-def test_a_handler_that_does_not_match_leaves_the_exception_to_the_barrier(monkeypatch):
+def test_a_handler_that_does_not_match_leaves_the_exception_to_the_barrier(barrier_calls):
     ns = vaccinate(PASSING, name="own_handler_other")
-    calls = _count_barriers(monkeypatch)
+    _mode, calls, _ = barrier_calls
     with pytest.raises(KeyError):
         ns["other"](1)
     assert calls == ["other"]
@@ -613,13 +602,17 @@ def test_an_except_clause_that_fails_fails_as_under_plain_python(fn, error):
         assert isinstance(info.value.__context__, KeyError)
 
 
-def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs(monkeypatch):
+def test_a_tracer_and_profiler_see_the_same_events_for_an_exception_passing_stubs(
+        barrier_calls):
     vaccinated = vaccinate(PASSING, name="passing_traced")["caller"]
     original = __import__("tests.support", fromlist=["plain"]).plain(
         PASSING, name="passing_traced")["caller"]
-    calls = _count_barriers(monkeypatch)
+    mode, judged, called = barrier_calls
     got, trace, profile = _record(vaccinated, 3)
-    assert calls == ["lookup"] * 3  # (via's stub let it pass, caller's took it to its handler)
+    # via's stub let it pass, caller's took it to its handler; the next two
+    # took the route the first found
+    assert judged == ["lookup"]
+    assert called == (["lookup"] * 3 if mode == "python" else [])
     want, plain_trace, plain_profile = _record(original, 3)
     assert got == want == 3
     assert [e[0] + e[2] + str(e[3]) for e in trace] == [

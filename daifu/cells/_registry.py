@@ -56,8 +56,9 @@ def files() -> list[LoadedFile]:
 def forget(filename: str) -> None:
     """Stop treating ``filename`` as vaccinated (tests that unload a module)."""
     with RUNTIME.files_lock:
-        if RUNTIME.files.pop(filename, None) is not None:
-            RUNTIME.files_dropped += 1
+        gone = RUNTIME.files.pop(filename, None) is not None
+    if gone:
+        RUNTIME.dropped()
 
 
 def target_files() -> dict[str, LoadedFile]:

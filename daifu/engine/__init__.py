@@ -12,7 +12,7 @@ from ._rules import Rule, RuleBook
 
 # the stubs of vaccinated code call the barrier; the engine's state resets with
 # the runtime's
-_cells.use_barrier(_barrier.barrier, _barrier.passing)
+_cells.use_barrier(_barrier.entry(), _barrier.passing)
 RUNTIME.on_reset(ENGINE.reset)
 
 __all__ = [

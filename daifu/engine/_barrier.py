@@ -3,36 +3,76 @@ on the normal execution path."""
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+from collections.abc import Callable
 
 from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
-from ._guards import caught_above, known_route, passing, remember_route, take_passing
+from ._guards import ROUTES, caught_above, passing, remember_route, take_passing
+
+_getframe = sys._getframe
 
 # ``passing`` (imported above) is read by the stubs by name, as the builtin
 # ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
-__all__ = ["barrier", "passing"]
+__all__ = ["barrier", "entry", "judge", "passing"]
+
+
+def entry() -> Callable:
+    """What the stubs call: the C ``_routes.barrier`` when daifu's extension
+    is built (and ``DAIFU_SPEEDUPS`` is not ``0``), else ``barrier``.  Both
+    first check the exception's remembered route (``_guards.ROUTES``), then
+    hand anything else to ``judge``; the C one makes that check 3-4x faster
+    (docs/performance.md, "Handled exceptions")."""
+    if os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
+        return barrier
+    try:
+        from . import _routes  # type: ignore[attr-defined]
+    except ImportError:  # (not built: no C compiler at install)
+        return barrier
+    return _routes.install(ROUTES, passing, judge, RAISE_CODE)
 
 
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:
     """Crash barrier, called by the stub of the cell ``ref`` names
     (``cells.resolve``): return one of ``_cell``'s answers (``RAISE_CODE``:
     re-raise the exception exactly as it was; a retry, skip or continue as
-    the number the stub of that very cell dispatches on).  Never raises."""
+    the number the stub of that very cell dispatches on).  Never raises.
+    (The C ``_routes.barrier`` is the same function.)"""
+    frame = _getframe(1)
+    try:
+        # this cell's exception takes the route a search found to a sure
+        # catch before, and the engine is quiet: on to that handler, nothing
+        # else asked (the commonest call, from a loop of EAFP code).  The
+        # check of ``_guards.ROUTES``, written out: identity and offset reads
+        route = ROUTES.get(ref)
+        if route is not None and route[0] is type(exc) and passing[2] \
+                and route[1] is frame.f_code:
+            f: types.FrameType = frame
+            for code, at in route[2]:  # the callers up to the handler
+                f = f.f_back  # type: ignore[assignment]
+                if f is None or f.f_code is not code or f.f_lasti != at:
+                    break
+            else:  # what its ``except name:`` holds now (``LOAD_GLOBAL``)
+                name, g = route[3], f.f_globals
+                if (g[name] if name in g else f.f_builtins.get(name)) is route[4]:
+                    passing[1] = route[5]  # (the handler's frame's stub)
+                    passing[0] = exc
+                    return RAISE_CODE
+    except Exception:  # (a globals dict of the program's own class that raised)
+        pass
+    return judge(exc, ref, lasti, stack, frame)
+
+
+def judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
+          frame: types.FrameType) -> int | tuple:
+    """The barrier's answer for an exception that took no remembered route,
+    in ``frame`` (the stub's).  Never raises."""
     try:
         if passing[0] is not None:
             passing[0] = passing[1] = None
-        frame = sys._getframe(1)
-        # this cell's exception takes the route a search found to a sure
-        # catch before, and the engine is quiet: on to that handler, nothing
-        # else asked (the commonest call, from a loop of EAFP code)
-        catcher = known_route(exc, ref, frame)  # (its stub's constant)
-        if catcher is not None and passing[2]:
-            passing[1] = catcher
-            passing[0] = exc
-            return RAISE_CODE
         # the program's own exception on its way to the frame a barrier below
         # found to catch it (``caught_above``): re-raise at once
         if caught_above(exc, frame) and not ENGINE._pending and not ENGINE._forward:

@@ -562,13 +562,15 @@ def take_passing() -> tuple | None:
 # offset of every frame up to the handler -- none with a handler around its
 # call, each reached by a plain call -- and the handler's ``except Name:``
 # with the class the name held.  The next such exception at that cell's
-# barrier is checked against it frame by frame (``known_route``: identity and
-# offset reads, no evaluation) and passed on to the handler at once.  Every
+# barrier is checked against it frame by frame (``_barrier.barrier``, first
+# thing: identity and offset reads, no evaluation) and passed on to the
+# handler at once.  Every
 # fact the walk would use is a function of what is compared: the handlers
 # around a call are a function of the code and offset (``_facts``), whether a
 # call site enters its callee through C is read once per site and callee
-# code (``_facts``), which files are targets changes only by growing (checked
-# by ``RUNTIME.files_dropped``), and the name is looked up again.
+# code (``_facts``), which files are targets changes only by growing (the
+# routes are forgotten when a file is dropped: ``RUNTIME.on_drop``), and the
+# name is looked up again.
 
 
 def _route(frame: types.FrameType, catcher: types.FrameType, guards: tuple[Guard, ...],
@@ -601,13 +603,15 @@ def _global(frame: types.FrameType, name: str) -> Any:
     return value
 
 
-#: cell's constant -> (that very constant, exception class, ``files_dropped``,
-#: raising code, ((code, offset) of each caller up to the handler), the
-#: handler's name, its class, the constant of the handler's frame's stub):
-#: the last route of each raising cell (keyed by the constant's value,
-#: which hashes faster than ``id()`` is called)
-_ROUTES: dict[tuple, tuple] = {}
-RUNTIME.on_reset(_ROUTES.clear)
+#: cell's constant -> (exception class, raising code, ((code, offset) of
+#: each caller up to the handler), the handler's name, the class it held, the
+#: constant of the handler's frame's stub): the last route of each raising
+#: cell, keyed by the constant's value (which hashes faster than ``id()`` is
+#: called).  Read by ``_barrier.barrier`` first of all, written out there:
+#: a call to a checking function would cost a third of the check.
+ROUTES: dict[tuple, tuple] = {}
+RUNTIME.on_reset(ROUTES.clear)
+RUNTIME.on_drop(ROUTES.clear)
 
 
 def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType, stub: tuple,
@@ -617,34 +621,7 @@ def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType, stub:
     handler of its own around it: the caller's check makes it so), to the
     frame whose stub loads ``stub``."""
     hops, name, cls = route
-    _ROUTES[ref] = (ref, type(exc), RUNTIME.files_dropped, frame.f_code, hops, name, cls, stub)
-
-
-def known_route(exc: BaseException, ref: tuple, frame: types.FrameType) -> tuple | None:
-    """The constant of the stub of the frame that surely catches ``exc``,
-    raised in the cell ``ref`` names, when it takes the route remembered for
-    that cell (``passing[1]``); else None.
-    (Asked first at every barrier call: kept to
-    identity and offset reads, ``_global`` written out.  The ``caught_above``
-    memo is not touched: ``take_passing`` emptied it when the route was
-    found, and it checks its own exception's way.)"""
-    route = _ROUTES.get(ref)
-    if (route is None or route[0] is not ref or route[1] is not type(exc)
-            or route[3] is not frame.f_code or route[2] != RUNTIME.files_dropped):
-        return None
-    f = frame
-    try:
-        for code, lasti in route[4]:
-            f = f.f_back  # type: ignore[assignment]
-            if f.f_code is not code or f.f_lasti != lasti:
-                return None
-        # (``f_builtins`` is a dict: CPython takes a module's ``__dict__``)
-        cls = f.f_globals.get(route[5], _UNKNOWN)
-        if cls is _UNKNOWN:
-            cls = f.f_builtins.get(route[5], _UNKNOWN)
-    except AttributeError:  # (no caller left: ``f_back`` was None)
-        return None
-    return route[7] if cls is route[6] else None
+    ROUTES[ref] = (type(exc), frame.f_code, hops, name, cls, stub)
 
 
 def _exception_path(frame: types.FrameType):
