@@ -43,7 +43,7 @@ class Backend(Protocol):
         ...
 
     def rewrite(self, code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope: Any,
-                hooks: Any, replace_consts: dict | None = None,
+                replace_consts: dict | None = None,
                 continuation: Any = None) -> types.CodeType:
         """The vaccinated version of ``code`` (its cells appended to ``info.cells``)."""
         ...

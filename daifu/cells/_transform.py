@@ -117,22 +117,12 @@ options = _Options()
 RUNTIME.on_reset(options.reset)
 
 
-class _Hooks:
-    """The engine functions the rewritten code calls; the engine provides them
-    when it is imported (``use_barrier``): the cells package never imports the
-    engine."""
-
-    barrier: Callable | None = None
-
-
-HOOKS = _Hooks()
-
-
 def use_barrier(barrier: Callable, passing: list) -> None:
-    """The function the stubs call at an exception (``engine._barrier.barrier``)
+    """The function the stubs call at an exception (``engine._barrier.entry()``)
     and the list they read before they call it (``engine._guards.passing``),
-    which they reach as the builtin ``PASSING``."""
-    HOOKS.barrier = barrier
+    which they reach as the builtin ``PASSING``: the engine calls this when
+    it is imported (the cells package never imports the engine, but to make
+    sure it is there: ``_ensure_engine``)."""
     # (the method-wrappers, made once: a profiler sees no call of them)
     wrappers = [fn.__call__ for fn in (sys.getprofile, sys.gettrace)]  # type: ignore[operator]
     del passing[P_SYS:]
@@ -140,10 +130,12 @@ def use_barrier(barrier: Callable, passing: list) -> None:
     setattr(builtins, PASSING, passing)
 
 
-def _hooks() -> _Hooks:
-    if HOOKS.barrier is None:  # pragma: no cover - daifu/__init__ imports the engine
-        from .. import engine  # noqa: F401 - registers its barrier
-    return HOOKS
+def _ensure_engine() -> None:
+    """Code is about to be vaccinated: the engine is imported (its stubs
+    would otherwise find no ``PASSING`` and re-raise as if daifu were not
+    there)."""
+    if not hasattr(builtins, PASSING):  # pragma: no cover - daifu/__init__ imports it
+        from .. import engine  # noqa: F401 - installs the barrier
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
@@ -210,7 +202,7 @@ def vaccinate_module(
     back = _check_version(report)
     if back is None:
         return code, report
-    hooks = _hooks()
+    _ensure_engine()
     # strict mode must report every function that cannot be vaccinated at
     # import, and a dump shows the rewrite: both rewrite the stubs' functions now
     now = selection.eager or options.strict or bool(options.dump)
@@ -228,7 +220,7 @@ def vaccinate_module(
         if scope is not None and (selection.wants(co, scope, module) or (stub and now)):
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
-                new = back.rewrite(co, info, msrc, scope, hooks, children)
+                new = back.rewrite(co, info, msrc, scope, children)
             except back.NothingToProtect:
                 pass  # no statement of its own (``def f(): pass``): nothing can fail
             except back.Unsupported as exc:
@@ -278,7 +270,7 @@ def rewrite_pending(pending: _lazy.Pending) -> types.CodeType | None:
                     pending.module, original=original)
     children = {id(p): n for p, n in pending.children}
     try:
-        new = back.rewrite(original, info, msrc, scope, _hooks(), children)
+        new = back.rewrite(original, info, msrc, scope, children)
     except back.NothingToProtect:
         return None
     except back.Unsupported as exc:
@@ -408,11 +400,11 @@ def vaccinate_function(fn: Callable) -> bool:
                         code.co_firstlineno)
         return False
     assert msrc is not None  # (scope was found in it)
-    hooks = _hooks()
+    _ensure_engine()
     info = CodeInfo(code.co_qualname, code.co_filename, code.co_firstlineno,
                     getattr(fn, "__module__", None), original=code)
     try:
-        new = back.rewrite(code, info, msrc, scope, hooks)
+        new = back.rewrite(code, info, msrc, scope)
     except back.NothingToProtect:
         return False  # no statement of its own: nothing can fail, nothing to say
     except back.Unsupported as exc:
@@ -477,7 +469,7 @@ def rewrite_continuation(code: types.CodeType, info: CodeInfo, msrc: ModuleSourc
     back, reason = backend()
     if back is None:
         raise RuntimeError(reason)
-    return back.rewrite(code, info, msrc, scope, _hooks(), children, continuation=spec)
+    return back.rewrite(code, info, msrc, scope, children, continuation=spec)
 
 
 def code_pairs(plain: types.CodeType, live: types.CodeType

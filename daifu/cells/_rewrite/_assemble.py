@@ -131,7 +131,7 @@ def expand(items: list[_Item]) -> list[_Item]:
             out.append(it)
         else:
             b, generator, own = chunk.shape
-            out += _group_items(b, generator, own, chunk.fallback, chunk.entry, chunk.hooks)
+            out += _group_items(b, generator, own, chunk.fallback, chunk.entry)
     return out
 
 
@@ -346,11 +346,11 @@ class _Template:
     units: int
     fallback_at: int
 
-    def __init__(self, shape: tuple[int, bool, str | None], hooks) -> None:
+    def __init__(self, shape: tuple[int, bool, str | None]) -> None:
         fallback = Label()
         patches: list = []
         b, generator, own = shape
-        lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY, hooks),
+        lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY),
                       _Tables([], []), patches)
         self.code = lay.code()
         self.patches = []
@@ -385,11 +385,9 @@ _TEMPLATES: dict[tuple, _Template] = {}
 
 
 def _template(chunk: _Chunk) -> _Template:
-    barrier = chunk.hooks.barrier  # type: ignore[attr-defined]
-    key = (chunk.shape, barrier.__module__, barrier.__name__)
-    tpl = _TEMPLATES.get(key)
+    tpl = _TEMPLATES.get(chunk.shape)
     if tpl is None:
-        tpl = _TEMPLATES[key] = _Template(chunk.shape, chunk.hooks)
+        tpl = _TEMPLATES[chunk.shape] = _Template(chunk.shape)
     return tpl
 
 

@@ -103,16 +103,14 @@ def rewrite(
     info: CodeInfo,
     msrc: ModuleSource,
     scope,
-    hooks,
     replace_consts: dict | None = None,
     continuation: Continuation | None = None,
 ) -> types.CodeType:
     """Rewrite one code object; raise ``Unsupported`` if it cannot be done.
 
-    ``hooks`` provides ``barrier`` (the engine function the stubs call);
     ``continuation`` asks for the continuation variant (see ``Continuation``)."""
     planned = plan(code, info, msrc, scope, replace_consts, continuation)
-    return assemble(planned, emit(planned, hooks, continuation))
+    return assemble(planned, emit(planned, continuation))
 
 
 def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
@@ -288,7 +286,7 @@ def _cell(run: _Run, n: int, p: Plan, headers: dict, info: CodeInfo,
     )
 
 
-def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item]:
+def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
     """The new instruction stream: the original code with the cells pointed at
     their stubs, then the retry copies and the stubs (and a continuation's
     prologue)."""
@@ -328,7 +326,7 @@ def emit(p: Plan, hooks, continuation: Continuation | None = None) -> list[_Item
     for run in p.runs:
         _emit_copy(items, run, p.ops, p.label_at, p.label_for)
     p.continued = continuation is not None
-    _emit_stubs(items, p.runs, p.ops, p.label_for, hooks, generator,
+    _emit_stubs(items, p.runs, p.ops, p.label_for, generator,
                 chunks=_SPLICE and continuation is None)
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)

@@ -360,7 +360,7 @@ def _items(seq: list, key) -> list[_Item]:
     return [_Item(label=x) if isinstance(x, Label) else _Item(x, key) for x in seq]
 
 
-def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool,
+def _emit_stubs(items, runs: list[_Run], ops, label_for, generator: bool,
                 chunks: bool = False) -> None:
     """The stubs: every cell's exception-table entry leads to two
     instructions of its own (load the cell's constant, jump) and on to the
@@ -385,7 +385,7 @@ def _emit_stubs(items, runs: list[_Run], ops, label_for, hooks, generator: bool,
                                      location=_NOWHERE), None))
             items.append(_Item(_instr("JUMP_FORWARD", head, _NOWHERE), None))
         items.append(_Item(label=head))
-        _emit_group(items, base, entry, members, ops, label_for, hooks, generator, chunks)
+        _emit_group(items, base, entry, members, ops, label_for, generator, chunks)
 
 
 def stub_peak(base: int) -> int:
@@ -406,7 +406,6 @@ class _Chunk:
     shape: tuple
     fallback: Label
     entry: EntryKey | None
-    hooks: object
 
 
 def _reraise(entry) -> list[_Item]:
@@ -417,7 +416,7 @@ def _reraise(entry) -> list[_Item]:
 
 
 def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entry,
-                 hooks) -> list[_Item]:
+) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
     ``b``, whether the code is a generator's, the class its own handler
     catches (``own_catch``) (labels of its own but
@@ -501,15 +500,15 @@ def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entr
     return items
 
 
-def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for, hooks,
+def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for,
                 generator: bool, chunks: bool) -> None:
     fallback = Label()
     assert members[0].cell is not None  # set by ``rewrite`` before any emission
     own = own_catch(members[0].cell.guards)  # (the group's cells share their handlers)
     if chunks:
-        items.append(_Item(chunk=_Chunk((b, generator, own), fallback, entry, hooks)))
+        items.append(_Item(chunk=_Chunk((b, generator, own), fallback, entry)))
     else:
-        items += _group_items(b, generator, own, fallback, entry, hooks)
+        items += _group_items(b, generator, own, fallback, entry)
     guard_key = (fallback, False, b + 3)
     loc = _NOWHERE
     # (label, values to pop, where to go, the jump's exception-table entry)
