@@ -557,3 +557,23 @@ def test_log_to_dev_null_or_a_fifo_and_a_dump_that_is_private(tmp_path):
     got = daifu(["--dump", "dump.txt", "hi.py"], cwd=tmp_path)
     assert got.returncode == 0 and "vaccinated f" in (tmp_path / "dump.txt").read_text()
     assert stat.S_IMODE((tmp_path / "dump.txt").stat().st_mode) == 0o600
+
+
+def test_version_says_whether_the_barriers_c_check_is_in_use(tmp_path):
+    # daifu's C extension is optional (built by pip where a C compiler is);
+    # DAIFU_SPEEDUPS=0 runs the same check in Python (and the EAFP program's
+    # answers are the same either way)
+    from .conftest import speedups
+
+    speedups()  # (skipped where it is not built)
+    (tmp_path / "eafp.py").write_text(
+        "def lookup(d, k):\n    return d[k]\n\n"
+        "def caller(n):\n    hits = 0\n    for i in range(n):\n        try:\n"
+        "            lookup({}, i)\n        except KeyError:\n            hits += 1\n"
+        "    return hits\n\nprint(caller(50))\n")
+    for env, check in (({}, "in C"), ({"DAIFU_SPEEDUPS": "0"}, "in Python: DAIFU_SPEEDUPS=0")):
+        res = daifu(["--version"], tmp_path, env=env)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith("daifu ") and f"the barrier's route check {check})" in res.stdout
+        ran = daifu(["eafp.py"], tmp_path, env=env)
+        assert (ran.returncode, ran.stdout) == (0, "50\n"), ran.stderr

@@ -141,7 +141,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_routes",
+    PyModuleDef_HEAD_INIT, "daifu.engine._routes",
     "The barrier's check of remembered routes, in C (see _barrier.entry).", -1, methods,
 };
 

@@ -146,8 +146,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, metavar="S",
                    help="on SIGTERM, wait up to S seconds (default 25) for the training loop "
                         "to finish its iteration, save the state, then end")
-    p.add_argument("-V", "--version", action="version", version=f"daifu {__version__}")
+    p.add_argument("-V", "--version", action=_version_action(argparse), nargs=0,
+                   help="show daifu's version, the Python it runs on and whether the "
+                        "barrier's C check is in use, and exit")
     return p
+
+
+def _version_action(argparse):
+    class Version(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(version_line())
+            parser.exit()
+    return Version
+
+
+def version_line() -> str:
+    """``daifu X (CPython Y; the barrier's route check in C|in Python ...)``."""
+    from ..cells._cell import P_BARRIER
+    from ..engine import _barrier
+
+    if _barrier.passing[P_BARRIER] is not _barrier.barrier:
+        check = "in C"
+    elif os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
+        check = "in Python: DAIFU_SPEEDUPS=0"
+    else:
+        check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
+    return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
+            f"the barrier's route check {check})")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
