@@ -574,6 +574,7 @@ def test_version_says_whether_the_barriers_c_check_is_in_use(tmp_path):
     for env, check in (({}, "in C"), ({"DAIFU_SPEEDUPS": "0"}, "in Python: DAIFU_SPEEDUPS=0")):
         res = daifu(["--version"], tmp_path, env=env)
         assert res.returncode == 0, res.stderr
-        assert res.stdout.startswith("daifu ") and f"the barrier's route check {check})" in res.stdout
+        assert res.stdout.startswith("daifu ")
+        assert f"the barrier's route check {check})" in res.stdout
         ran = daifu(["eafp.py"], tmp_path, env=env)
         assert (ran.returncode, ran.stdout) == (0, "50\n"), ran.stderr
