@@ -60,6 +60,7 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
         f = back;
         if (f == NULL || !PyTuple_Check(hop) || PyTuple_GET_SIZE(hop) != 2) {
             Py_XDECREF(f);
+            PyErr_Clear();  /* (no caller: none set; a frame object not made: cleared) */
             return 0;
         }
         code = PyFrame_GetCode(f);
