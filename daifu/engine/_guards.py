@@ -607,8 +607,10 @@ def _global(frame: types.FrameType, name: str) -> Any:
 #: each caller up to the handler), the handler's name, the class it held, the
 #: constant of the handler's frame's stub): the last route of each raising
 #: cell, keyed by the constant's value (which hashes faster than ``id()`` is
-#: called).  Read by ``_barrier.barrier`` first of all, written out there:
-#: a call to a checking function would cost a third of the check.
+#: called).  Read first of all by the barrier the stubs call -- the C
+#: ``_routes.barrier``, or ``_barrier.barrier`` where it is not built, which
+#: writes the check out (a call to a checking function would cost a third
+#: of it).
 ROUTES: dict[tuple, tuple] = {}
 RUNTIME.on_reset(ROUTES.clear)
 RUNTIME.on_drop(ROUTES.clear)
