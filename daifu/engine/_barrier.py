@@ -29,6 +29,10 @@ def entry() -> Callable:
     both)."""
     if os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
         return barrier
+    if getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        # a free-threaded build: the C check reads borrowed references under
+        # the GIL, and importing it would turn the GIL back on for the program
+        return barrier
     try:
         from . import _routes  # type: ignore[attr-defined]
     except ImportError:  # (not built: no C compiler at install)

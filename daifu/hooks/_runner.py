@@ -169,6 +169,8 @@ def version_line() -> str:
         check = "in C"
     elif os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
         check = "in Python: DAIFU_SPEEDUPS=0"
+    elif getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        check = "in Python: a free-threaded build"
     else:
         check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
