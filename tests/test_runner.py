@@ -566,11 +566,7 @@ def test_version_says_whether_the_barriers_c_check_is_in_use(tmp_path):
     from .conftest import speedups
 
     speedups()  # (skipped where it is not built)
-    (tmp_path / "eafp.py").write_text(
-        "def lookup(d, k):\n    return d[k]\n\n"
-        "def caller(n):\n    hits = 0\n    for i in range(n):\n        try:\n"
-        "            lookup({}, i)\n        except KeyError:\n            hits += 1\n"
-        "    return hits\n\nprint(caller(50))\n")
+    (tmp_path / "eafp.py").write_text(textwrap.dedent(PASSING) + "\nprint(caller(50))\n")
     for env, check in (({}, "in C"), ({"DAIFU_SPEEDUPS": "0"}, "in Python: DAIFU_SPEEDUPS=0")):
         res = daifu(["--version"], tmp_path, env=env)
         assert res.returncode == 0, res.stderr

@@ -20,6 +20,11 @@ _getframe = sys._getframe
 __all__ = ["barrier", "entry", "judge", "passing"]
 
 
+#: where ``entry`` put the route check: "in C", or "in Python: <why>"
+#: (``python -m daifu --version`` says it)
+check = ""
+
+
 def entry() -> Callable:
     """What the stubs call: the C ``_routes.barrier`` when daifu's extension
     is built (and ``DAIFU_SPEEDUPS`` is not ``0``), else ``barrier``.  Both
@@ -27,17 +32,22 @@ def entry() -> Callable:
     hand anything else to ``judge``; in C the check takes a fraction of
     its time in Python (docs/performance.md, "Handled exceptions", has
     both)."""
+    global check
     if os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
-        return barrier
-    if getattr(sys, "_is_gil_enabled", lambda: True)() is False:
-        # a free-threaded build: the C check reads borrowed references under
-        # the GIL, and importing it would turn the GIL back on for the program
-        return barrier
-    try:
-        from . import _routes  # type: ignore[attr-defined]
-    except ImportError:  # (not built: no C compiler at install)
-        return barrier
-    return _routes.install(ROUTES, passing, judge, RAISE_CODE)
+        check = "in Python: DAIFU_SPEEDUPS=0"
+    elif getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        # the C check reads borrowed references under the GIL, and importing
+        # it would turn the GIL back on for the program
+        check = "in Python: a free-threaded build"
+    else:
+        try:
+            from . import _routes  # type: ignore[attr-defined]
+        except ImportError:
+            check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
+        else:
+            check = "in C"
+            return _routes.install(ROUTES, passing, judge, RAISE_CODE)
+    return barrier
 
 
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:

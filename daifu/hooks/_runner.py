@@ -161,20 +161,11 @@ def _version_action(argparse):
 
 
 def version_line() -> str:
-    """``daifu X (CPython Y; the barrier's route check in C|in Python ...)``."""
-    from ..cells._cell import P_BARRIER
+    """``daifu X (CPython Y; the barrier's route check in C|in Python: why)``."""
     from ..engine import _barrier
 
-    if _barrier.passing[P_BARRIER] is not _barrier.barrier:
-        check = "in C"
-    elif os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
-        check = "in Python: DAIFU_SPEEDUPS=0"
-    elif getattr(sys, "_is_gil_enabled", lambda: True)() is False:
-        check = "in Python: a free-threaded build"
-    else:
-        check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
-            f"the barrier's route check {check})")
+            f"the barrier's route check {_barrier.check})")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
