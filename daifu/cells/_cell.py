@@ -140,7 +140,7 @@ def own_catch(guards) -> str | None:
     """The name of the class the innermost handler of ``guards`` catches
     first, where it can be tested without the general evaluator (a stub
     tests its own group's, the engine a caller's it remembers: see
-    ``engine._guards.known_route``): an ``except Name:``
+    ``engine._guards.ROUTES``): an ``except Name:``
     (a global or builtin, read as the handler reads it) that does not
     re-raise; None otherwise (a ``with``, a tuple, an attribute, a local,
     a bare ``except``, or ``BaseException``, which daifu's own pause
