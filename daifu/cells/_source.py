@@ -24,8 +24,18 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 Position = tuple[int | None, int | None, int | None, int | None]
 
 
+def _start(node: ast.AST) -> tuple[int, int]:
+    """Where a statement starts: a decorated ``def`` or ``class`` at its first
+    decorator (the decorators run as part of it; the node's own position is
+    its ``def`` line)."""
+    decorators = getattr(node, "decorator_list", None)
+    if decorators:
+        return (decorators[0].lineno, decorators[0].col_offset)
+    return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
+
+
 def _span(node: ast.AST) -> tuple[int, int, int, int]:
-    return (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+    return (*_start(node), node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
 
 
 def _child_blocks(node: ast.stmt) -> Iterator[list[ast.stmt]]:
@@ -71,8 +81,8 @@ class StatementIndex:
     def _level(self, key: int, stmts: list[ast.stmt]) -> tuple[list, list[ast.stmt]]:
         level = self._levels.get(key)
         if level is None:
-            stmts = sorted(stmts, key=lambda st: (st.lineno, st.col_offset))
-            level = ([(st.lineno, st.col_offset) for st in stmts], stmts)
+            stmts = sorted(stmts, key=_start)
+            level = ([_start(st) for st in stmts], stmts)
             self._levels[key] = level
         return level
 
@@ -285,7 +295,10 @@ class ModuleSource:
         if isinstance(stmt, _SCOPES) or not body or not isinstance(body, list):
             seg = self.segment(stmt)
             if seg is None:
-                return self.line(stmt.lineno)
+                seg = self.line(stmt.lineno)
+            decorated = _start(stmt)[0]  # (the decorators run as part of it)
+            if decorated < stmt.lineno:
+                seg = "\n".join([*(self.line(n) for n in range(decorated, stmt.lineno)), seg])
             return seg
         # compound statement: its header line(s), up to the first body statement
         first = body[0]

@@ -54,9 +54,13 @@ class Behaviour:
     unchecked_load_fast: bool
     #: ``LOAD_ATTR``'s argument is ``(method form, name)`` (3.12+)
     load_attr_method_flag: bool
-    #: an exception raised in a generator that a specialised ``FOR_ITER`` or
-    #: ``SEND`` runs inline is looked up one instruction before it (3.13)
-    inline_generator_unwind: bool
+    #: an exception coming back from a Python frame that an instruction runs
+    #: inline (``INLINED_CALLS``: a call, a ``__getitem__``, a property, a
+    #: generator's ``FOR_ITER``/``SEND``) is looked up in the exception table
+    #: one instruction *before* it (3.13: ``resume_with_error`` restarts at
+    #: the instruction, ``exception_unwind`` looks at ``next_instr - 1``); so
+    #: that instruction must have the same entry as the call (3.13)
+    inline_call_unwind: bool
     #: keyword calls are ``CALL_KW`` (3.13+), not ``KW_NAMES`` + ``CALL``
     call_kw: bool
     #: every generator's body is wrapped in a ``CALL_INTRINSIC_1`` guard
@@ -71,7 +75,7 @@ _PY311 = Behaviour(
     null_below_callable=True, backward_conditionals=True,
     pop_jump="POP_JUMP_FORWARD_IF_", end_for_skips=0, inlined_comprehensions=False,
     return_const=False, superinstructions=False, load_attr_method_flag=False,
-    unchecked_load_fast=False, inline_generator_unwind=False, call_kw=False,
+    unchecked_load_fast=False, inline_call_unwind=False, call_kw=False,
     stopiteration_intrinsic=False)
 # each later version: what changed from the one before it
 _PY312 = replace(
@@ -81,7 +85,7 @@ _PY312 = replace(
     unchecked_load_fast=True, stopiteration_intrinsic=True)
 _PY313 = replace(
     _PY312, python=(3, 13), tested=True, frames="_frames313", null_below_callable=False,
-    end_for_skips=2, superinstructions=True, inline_generator_unwind=True, call_kw=True)
+    end_for_skips=2, superinstructions=True, inline_call_unwind=True, call_kw=True)
 _PY314 = replace(
     _PY313, python=(3, 14), tested=False, frames="_frames314", return_const=False,
     not_taken=True)

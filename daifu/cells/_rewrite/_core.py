@@ -39,7 +39,16 @@ from ._handlers import (
     has_except_handler,
     returns_truthy,
 )
-from ._ops import _EXTENDED_ARG, PY, NothingToProtect, Unsupported, _location, _Op
+from ._ops import (
+    _EXTENDED_ARG,
+    INLINED_CALLS,
+    PY,
+    EntryKey,
+    NothingToProtect,
+    Unsupported,
+    _location,
+    _Op,
+)
 from ._readback import cell_ranges, lasti_offset
 from ._runs import (
     _build_runs,
@@ -193,9 +202,6 @@ def _read_raw_args(code: types.CodeType, ops: list[_Op]) -> None:
         pos += 2 + 2 * _CACHES[raw[pos]]
 
 
-_INLINED_CALLS = frozenset({"FOR_ITER", "SEND"})
-
-
 def _comprehension_redirects(ops: list[_Op], label_at: dict[Label, int], runs: list[_Run],
                              stmts: list) -> dict[int, _Run]:
     """3.12+ inlines comprehensions into the function: their instructions are
@@ -295,17 +301,18 @@ def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
         for i in range(run.start, run.stop):
             owner[i] = run
     items: list[_Item] = []
+    last_key: EntryKey | None = None  # the entry of the instruction emitted last
     for i, op in enumerate(p.ops):
         owner_run = owner.get(i)
-        if (PY.inline_generator_unwind and owner_run is not None and owner_run.start == i
-                and op.instr.name in _INLINED_CALLS):
+        if (PY.inline_call_unwind and owner_run is not None and owner_run.start == i
+                and op.instr.name in INLINED_CALLS):
             # an exception coming back from the generator a specialised
             # FOR_ITER/SEND runs in this frame is looked up one instruction
             # before it (3.13's exception_unwind uses next_instr - 1): a NOP of
             # the cell's there, outside the loop (it runs once, on entry; on the
             # loop's line, so a tracer sees no line event of its own)
-            items.append(_Item(Instr("NOP", location=op.instr.location),
-                               (owner_run.stub, True, owner_run.base)))
+            last_key = (owner_run.stub, True, owner_run.base)
+            items.append(_Item(Instr("NOP", location=op.instr.location), last_key))
         if i in p.label_of:
             items.append(_Item(label=p.label_of[i]))
         for extra in p.labels_at.get(i, ()):
@@ -314,6 +321,13 @@ def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
         key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
         if i in p.redirects:
             key = (p.redirects[i].stub, True, p.redirects[i].base)
+        if PY.inline_call_unwind and i and key != last_key and op.instr.name in INLINED_CALLS:
+            # (``_before_inlined_calls`` and the NOP above keep this from
+            # happening; were it to, CPython would unwind this frame's stack
+            # to another handler's depth and crash: better not vaccinated)
+            raise Unsupported(f"the instruction before {op.instr.name} at {i} has another "
+                              f"exception handler (3.13 looks it up there)")
+        last_key = key
         items.append(_Item(op.instr, key, raw=op.raw))
     for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
         items.append(_Item(label=lb))

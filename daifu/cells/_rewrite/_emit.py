@@ -23,6 +23,7 @@ from .._cell import (
     own_catch,
 )
 from ._ops import (
+    INLINED_CALLS,
     _BACKWARD,
     _FORWARD_ONLY,
     _TERMINAL,
@@ -142,7 +143,7 @@ def _emit_copy(items, run: _Run, ops, label_at, label_for) -> None:
     key = (run.stub, True, run.base)
     inner: dict[int, Label] = {i: Label() for i in range(run.start, run.stop)}
     tramp: dict[int, Label] = {}  # forward-only jumps out of the copy
-    if PY.inline_generator_unwind and ops[run.start].instr.name in ("FOR_ITER", "SEND"):
+    if PY.inline_call_unwind and ops[run.start].instr.name in INLINED_CALLS:
         # (see ``emit``: the instruction before an inlined generator resume
         # must be the cell's too)
         items.append(_Item(_instr("NOP", loc=_NOWHERE), key))

@@ -44,6 +44,14 @@ def _label_arg(instr: Instr) -> Label:
     return cast(Label, instr.arg)
 
 
+#: instructions that can run a Python frame inline (3.13's specialisations
+#: that push a frame: ``CALL_PY_*``, ``CALL_ALLOC_AND_ENTER_INIT``,
+#: ``BINARY_SUBSCR_GETITEM``, ``LOAD_ATTR_PROPERTY``/``_GETATTRIBUTE_OVERRIDDEN``,
+#: ``FOR_ITER_GEN``, ``SEND_GEN``): where ``PY.inline_call_unwind``, the
+#: instruction before one must share its exception-table entry
+INLINED_CALLS = frozenset({"BINARY_SUBSCR", "CALL", "CALL_KW", "CALL_FUNCTION_EX", "FOR_ITER",
+                           "LOAD_ATTR", "SEND"})
+
 # The exception-handling machinery: never part of a cell.
 _MACHINERY = frozenset(
     {

@@ -11,7 +11,7 @@ from ..._record import field, record
 from .._cell import Cell
 from .._source import ModuleSource
 from ._analysis import _effect, _touch
-from ._ops import _MACHINERY, _TERMINAL, PY, EntryKey, _label_arg, _Op
+from ._ops import _MACHINERY, _TERMINAL, INLINED_CALLS, PY, EntryKey, _label_arg, _Op
 
 if TYPE_CHECKING:
     import ast
@@ -85,8 +85,29 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
             if hit is not None and t != hit.start and owner.get(j) is not hit:
                 new_forced.add(t)
         if new_forced <= forced:
-            return runs
+            return _before_inlined_calls(runs, ops) if PY.inline_call_unwind else runs
         forced |= new_forced
+
+
+def _before_inlined_calls(runs: list[_Run], ops: list[_Op]) -> list[_Run]:
+    """3.13 looks up the handler of an exception coming back from a frame a
+    call runs inline at the instruction *before* the call (``PY.
+    inline_call_unwind``): that instruction must have the call's entry.  A
+    run followed by such a call outside it (a decorator applied after the
+    function is made, ``__exit__`` called after its arguments are loaded)
+    gives its last instruction back to the call's handler; with its stub's
+    depth the unwinding would leave the stack inconsistent, and CPython
+    would crash.  (A run that *starts* at such a call -- a loop header's
+    ``FOR_ITER`` -- gets a NOP of its own before it: ``emit``.)"""
+    starts = {r.start for r in runs}
+    kept = []
+    for run in runs:
+        while run.stop < len(ops) and run.stop > run.start \
+                and ops[run.stop].instr.name in INLINED_CALLS and run.stop not in starts:
+            run.stop -= 1
+        if run.stop > run.start:
+            kept.append(run)
+    return kept
 
 
 def _drop_implicit_returns(ops: list[_Op], stmts: list) -> None:
