@@ -118,7 +118,9 @@ def pytest_configure(config):
         import torch  # noqa: F401
         import tqdm  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_SPEEDUPS") == "1":
-        # the C check of remembered routes is built (pip needs a C compiler)
+        # the C check of remembered routes and the C signal handlers are
+        # built (pip needs a C compiler)
+        import daifu.engine._csignals  # noqa: F401
         import daifu.engine._routes  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_FRAMEWORKS") == "1":
         # the crash benchmark's Lightning and HF Trainer cases need them

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import types
 from collections.abc import Callable
 
@@ -12,8 +13,12 @@ from ..cells import RAISE_CODE, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
 from ._guards import ROUTES, caught_above, passing, remember_route, take_passing
+from ._signals import deliver, hold, release
 
 _getframe = sys._getframe
+_get_ident = threading.get_ident
+#: the main thread: the only one Python runs signal handlers on
+_MAIN = threading.main_thread().ident
 
 # ``passing`` (imported above) is read by the stubs by name, as the builtin
 # ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
@@ -84,7 +89,28 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
 def judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
           frame: types.FrameType) -> int | tuple:
     """The barrier's answer for an exception that took no remembered route,
-    in ``frame`` (the stub's).  Never raises."""
+    in ``frame`` (the stub's).  Never raises.  On the main thread the
+    program's signals are held back meanwhile (``_signals``): a handler
+    never runs, nor raises, in daifu's code."""
+    if _get_ident() != _MAIN:
+        return _judge(exc, ref, lasti, stack, frame)
+    hold()
+    try:
+        answer = _judge(exc, ref, lasti, stack, frame)
+    finally:
+        late = release()  # (with the C module: delivered where the program runs next)
+    if late:  # (without it: now, at the failing statement)
+        raised = deliver(late, frame)
+        if raised is not None:
+            ENGINE.drop_pending(frame)
+            raised.__traceback__ = types.TracebackType(
+                raised.__traceback__, frame, 2 * lasti, frame.f_lineno or 0)
+            return (raised,)
+    return answer
+
+
+def _judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
+           frame: types.FrameType) -> int | tuple:
     try:
         if passing[0] is not None:
             passing[0] = passing[1] = None

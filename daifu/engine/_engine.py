@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -73,6 +74,7 @@ from ._queue import (
 )
 from ._repeats import Ending, Group, Repeats
 from ._rules import RuleBook
+from ._signals import live
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -259,6 +261,15 @@ class Engine:
         of these, the barrier sets it from this)."""
         return not (self._pending or self._forward or armed())
 
+    def drop_pending(self, frame: types.FrameType) -> None:
+        """A retry in ``frame`` will not run after all (a signal's exception is
+        raised there instead): forget it, so the stubs pass handled exceptions
+        on by themselves again."""
+        with self._lock:
+            for key in [k for k in self._pending if k[0] == id(frame)]:
+                del self._pending[key]
+        passing[2] = self.quiet()
+
     def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
                      frame: types.FrameType) -> int | tuple:
         tls = self._tls
@@ -371,7 +382,8 @@ class Engine:
             decision = None
             for waiter in self.waiters or [_break_waiter()]:
                 try:
-                    waiter.wait(crash, self)
+                    with live(signal.SIGINT, signal.SIGTERM):
+                        waiter.wait(crash, self)
                 except Exception:
                     self._internal("waiter", crash)
                 decision = self._drain(crash)
@@ -487,7 +499,8 @@ class Engine:
         waited = None
         for waiter in list(self.waiters):
             try:
-                waited = waiter.wait(crash, self)
+                with live(signal.SIGINT, signal.SIGTERM):  # (Ctrl-C at the console, preemption)
+                    waited = waiter.wait(crash, self)
             except Exception:
                 self._internal("waiter", crash)
             decision = self._drain(crash)

@@ -62,8 +62,9 @@ def install(modules: str | None = None, entry: str | None = None,
         if name not in later:
             patch()
     _vaccinate_imported(cfg)
-    from ..engine import _preload
+    from ..engine import _preload, _signals
 
+    _signals.install()  # the program's signal handlers never run in daifu's code
     _preload.start()  # what the first crash imports, a few seconds from now
     return Installation(_finder)
 

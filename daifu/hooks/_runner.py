@@ -161,11 +161,13 @@ def _version_action(argparse):
 
 
 def version_line() -> str:
-    """``daifu X (CPython Y; the barrier's route check in C|in Python: why)``."""
-    from ..engine import _barrier
+    """``daifu X (CPython Y; the barrier's route check in C|in Python: why;
+    signal handlers held back in C|in Python)``."""
+    from ..engine import _barrier, _signals
 
+    held = "in C" if _signals._csignals is not None else "in Python"
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
-            f"the barrier's route check {_barrier.check})")
+            f"the barrier's route check {_barrier.check}; signal handlers held back {held})")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:

@@ -23,10 +23,10 @@ from .._cell import (
     own_catch,
 )
 from ._ops import (
-    INLINED_CALLS,
     _BACKWARD,
     _FORWARD_ONLY,
     _TERMINAL,
+    INLINED_CALLS,
     POP_JUMP_IF_FALSE,
     POP_JUMP_IF_NONE,
     POP_JUMP_IF_TRUE,
