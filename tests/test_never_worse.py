@@ -210,8 +210,9 @@ ALARMS = """
 
     def handler(signum, frame):
         global armed
-        # (the frame the handler runs over is always the program's)
-        frames.add((os.path.basename(frame.f_code.co_filename), frame.f_lineno is None))
+        # (the frame the handler runs over is never daifu's, nor a stub's)
+        frames.add((os.sep + "daifu" + os.sep in frame.f_code.co_filename,
+                    frame.f_lineno is None))
         if armed:
             armed = False
             raise Alarm()
@@ -261,9 +262,9 @@ def test_an_alarm_raised_while_handled_exceptions_pass_reaches_the_program(tmp_p
               env={"DAIFU_SPEEDUPS": speedups, "DAIFU_LOG": str(log)})
     assert out.returncode == 0, out.stderr[-3000:]
     if speedups == "1":  # handlers held back run where the program's code runs again
-        assert out.stdout == "alarms 200 [('prog.py', False)]\n"
+        assert out.stdout == "alarms 200 [(False, False)]\n"
     else:  # (without the C module, at the failing statement: its frame shows no line)
-        assert out.stdout.startswith("alarms 200 [('prog.py', False)")
+        assert out.stdout.startswith("alarms 200 [(False, False)")
     events = log.read_text()
     assert "daifu.internal_error" not in events and "crash.intercepted" not in events
 

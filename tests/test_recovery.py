@@ -6,6 +6,7 @@ import pytest
 
 import daifu
 from daifu.engine import ENGINE
+from daifu.engine._events import capture
 
 from .support import crashes, vaccinate
 
@@ -240,10 +241,69 @@ def test_skip_three_deep(m):
     assert len(seen) == 5  # the three failing combinations skipped, nothing else lost
 
 
-def test_retry_loop_header_calls_next_on_same_iterator(m):
+def test_retry_loop_header_calls_next_on_same_iterator():
+    # an iterator daifu did not vaccinate (a library's): the header is the
+    # only place to retry; calling next() again is allowed, and what it may
+    # do is said
     rule = retry_setting()
-    assert m["header"](5) == [1, 2, 3, 4, 5, "else"]
+    ns = vaccinate(SOURCE, entries=("header",))
+    with capture() as events:
+        assert ns["header"](5) == [1, 2, 3, 4, 5, "else"]
     assert rule.seen == [("header", "for v in Flaky(n):", 1, "loop-header")]
+    resumed = [e for e in events if e["event"] == "crash.resumed"]
+    assert "calling next() again skips the item" in resumed[0]["note"]
+
+
+ITERATOR = """
+class Table:
+    def __init__(self, rows):
+        self.rows, self.i = rows, 0
+    def __iter__(self):
+        return self
+    def __next__(self):
+        self.i += 1
+        if self.i > 4:
+            raise StopIteration
+        return self.rows[self.i]
+
+def read(rows):
+    return [row for row in Table(rows)] + [sum(x for x in Table(rows))]
+"""
+
+
+def test_a_vaccinated_iterator_takes_its_crash_itself():
+    # a class's __next__ run by a for loop goes through C that catches only
+    # StopIteration: its crash is taken in __next__, where the failing
+    # statement can be retried -- at the loop's header next() would run
+    # __next__ again on an iterator that has moved on (item 2 lost)
+    seen = []
+
+    @daifu.on(KeyError)
+    def add_the_row(crash):
+        seen.append((crash.function, crash.statement))
+        crash.vars["self"].rows[2] = 20
+        return daifu.RETRY
+
+    ns = vaccinate(ITERATOR)
+    assert ns["read"]({1: 10, 3: 30, 4: 40}) == [10, 20, 30, 40, 100]
+    assert seen == [("Table.__next__", "return self.rows[self.i]")]
+
+
+def test_retry_at_a_header_after_a_vaccinated_iterator_raised_is_refused(m):
+    # Flaky.__next__ fails at a raise (no retry, no skip there): at the
+    # header, next() would start __next__ again on an iterator that may have
+    # moved on -- refused, with the reason, rather than drop an item silently
+    seen = []
+
+    @daifu.on(OSError)
+    def retry(crash):
+        seen.append((crash.function, crash.can_retry, crash.retry_reason))
+        return daifu.RETRY
+
+    with crashes(OSError, match="transient"):
+        m["header"](5)
+    assert [(f, ok) for f, ok, _ in seen] == [("header", False)]
+    assert "may have moved past the item it was producing" in seen[0][2]
 
 
 def test_skip_loop_header_ends_loop(m):
@@ -485,3 +545,49 @@ def test_a_retry_that_returns_or_raises_again_is_over_and_frees_the_frame(engine
     del token
     gc.collect()
     assert ref() is None and not engine._pending
+
+
+YIELDS = """
+ready = False
+
+def need(x):
+    if not ready:
+        raise ValueError("not ready")
+    return x
+
+def running_total():
+    total = 0
+    while True:
+        total = total + (yield total) + need(1)
+"""
+
+
+def test_retry_of_a_statement_that_already_yielded_never_yields_again():
+    # re-executing the whole statement would yield again: the value sent in
+    # lost, one item too many.  Either the retry starts after the yield (3.13:
+    # the part after it is a cell of its own, the sent value on its stack)
+    # or it is refused, with the reason (3.11)
+    seen = []
+
+    @daifu.on(ValueError, where="running_total")
+    def retry(crash):
+        seen.append((crash.can_retry, crash.retry_reason))
+        crash.globals["ready"] = True
+        return daifu.RETRY
+
+    ns = vaccinate(YIELDS)
+    gen = ns["running_total"]()
+    next(gen)
+    try:
+        resumed = gen.send(10)
+    except BaseException as exc:  # (a catch-all here: daifu still takes the crash)
+        resumed = exc
+    assert len(seen) == 1
+    if seen[0][0]:
+        assert (resumed, gen.send(20)) == (11, 32)
+    else:
+        assert isinstance(resumed, ValueError) and "already yielded" in seen[0][1]
+    # before the yield, the statement is retried as any other
+    ns["ready"] = True
+    gen = ns["running_total"]()
+    assert (next(gen), gen.send(10), gen.send(20)) == (0, 11, 32)

@@ -91,6 +91,8 @@ class Backend(Protocol):
         """Calls, stores and in-place operations in bytes [start, stop) of code."""
         ...
 
-    def calls_unpacked(self, code: types.CodeType, offset: int) -> bool:
-        """Is the instruction at byte ``offset`` an ``f(*args, **kw)`` call?"""
+    def c_passes_through(self, code: types.CodeType, offset: int, callee: str) -> bool:
+        """Does the instruction at byte ``offset`` reach the Python function
+        named ``callee`` through C that catches no crash (``f(*args)``,
+        ``FOR_ITER`` running ``__next__`` ...)?"""
         ...

@@ -85,6 +85,7 @@ class Crash(Capabilities):
         #: the DataLoader batch whose fetch failed at this loop header
         #: (``_loaders.LoaderFailure``): RETRY fetches it again
         self.batch: Any = None
+        header = cell.role == "loop-header"
         if cell.role == "loop-header" and "torch.utils.data.dataloader" in sys.modules:
             from ._loaders import failure
 
@@ -95,9 +96,15 @@ class Crash(Capabilities):
             if self.batch is not None and self.batch.index is None and dead is None:
                 dead = (f"the failed batch cannot be fetched again: {self.batch.unknown} "
                         "(next/CONTINUE goes on with the next batch)")
+        #: what a retry here may do besides re-executing the statement (said
+        #: in the report and in ``crash.resumed``)
+        self.retry_note: str | None = None
+        if dead is None and header and self.batch is None and self.rewrap is None:
+            dead, self.retry_note = _advanced(exc, frame, self.iterator)
+        if dead is None and frame.f_code.co_flags & _CO_GENERATOR and "yield" in cell.source:
+            dead = _yielded(cell, frame.f_code, lasti)
         self.retry_reason = cell.retry_reason or dead
         self.skip_reason = cell.skip_reason
-        header = cell.role == "loop-header"
         self.continue_reason = cell.continue_reason or (dead if header else None)
 
     # -- facts ---------------------------------------------------------------
@@ -254,6 +261,61 @@ def _position(code: types.CodeType, lasti: int) -> tuple | None:
     except Exception:
         pass
     return None
+
+
+_CO_GENERATOR = 0x20
+
+
+def _yielded(cell: Cell, code: types.CodeType, lasti: int) -> str | None:
+    """Why a retry cannot re-execute a statement that yielded before it
+    failed (``total = total + (yield total) + need(1)``): the value sent in
+    would be lost, and the generator would yield once more.  None when no
+    ``yield`` of the statement had run yet."""
+    import dis
+
+    from ._guards import cell_range
+
+    found = cell_range(cell.info, code, 2 * lasti)
+    if found is None:
+        return None
+    start = found[0]
+    if not any(ins.opname == "YIELD_VALUE" and start <= ins.offset < 2 * lasti
+               for ins in dis.get_instructions(code)):
+        return None
+    return ("the statement had already yielded when it failed: re-executing it would yield "
+            "again and lose the value sent in (skip it, or fix the code after the yield)")
+
+
+def _advanced(exc: BaseException, frame: types.FrameType,
+              it: Any) -> tuple[str | None, str | None]:
+    """(why not, what it may do) for retrying ``next()`` at a loop header
+    whose exception came out of Python code the iterator ran (a class's
+    ``__next__``, the function ``map`` applies ...): that code may have moved
+    the iterator on before it raised, which daifu cannot know.  Vaccinated
+    code took the crash first, where its failing statement can be retried or
+    its ``raise`` skipped: the header refuses.  Other code (a library's
+    iterator) can only be retried from here: allowed, with the risk said.
+    (None, None) when ``next()`` ran no Python code (a C iterator)."""
+    from ..cells import cells_of
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame is not frame:
+        tb = tb.tb_next
+    inner = tb.tb_next if tb is not None else None
+    if inner is None:
+        return None, None
+    while inner.tb_next is not None and inner.tb_frame.f_code.co_filename.startswith("<frozen"):
+        inner = inner.tb_next
+    code = inner.tb_frame.f_code
+    ran = (f"next() on the loop's iterator ({type(it).__qualname__}) ran {code.co_qualname} "
+           f"({code.co_filename}:{inner.tb_lineno}), which raised")
+    if cells_of(code) is not None:
+        return (f"{ran} after its crash there was not fixed: it may have moved past the item "
+                "it was producing, so calling next() again could skip it. Fix it where it "
+                "failed (retry its failing statement, or skip a raise), or go on with the "
+                "next item (next/CONTINUE), knowing this one is dropped"), None
+    return None, (f"{ran}: if it had moved on before raising, calling next() again skips "
+                  "the item it was producing")
 
 
 def _dead_iterator(it: Any) -> str | None:

@@ -548,7 +548,8 @@ class Engine:
             pause = is_break(crash.exception)
             self._count("recovered", 0 if pause else 1)
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
-                              latency_ms=_ms(crash.started)))
+                              latency_ms=_ms(crash.started),
+                              note=crash.retry_note if decision is RETRY else None))
             resumed = res.continuation
             if resumed is not None and decision is not SKIP:
                 return resumed  # (function, args): the loop goes on with another iterator

@@ -195,6 +195,9 @@ class CrashResumed(Event):
     #: milliseconds from the exception reaching the barrier until the retried
     #: statement completed (retry) or execution continued after it (skip)
     latency_ms: float
+    #: what the retry may do besides re-executing the statement
+    #: (``Crash.retry_note``), or None
+    note: str | None = None
 
 
 @event

@@ -720,7 +720,11 @@ def _via_c(frame: types.FrameType, back=None) -> bool | None:
     plain Python call from its ``f_back``?  None: not known -- a generator
     or coroutine resumed by ``next()``/``send()`` (no C code that catches,
     but StopIteration; yet not a plain call), or a frame layout daifu cannot
-    read.  ``f(*args, **kw)`` goes through C but catches nothing: False."""
+    read.  ``f(*args, **kw)``, a ``for`` loop's ``__next__`` and the other
+    ways of iterating go through C that catches no crash: False (the frame
+    takes its crash itself, where its failing statement can be retried;
+    the caller's retry would call ``next()`` again on an iterator that has
+    moved on)."""
     if frame.f_code.co_flags & _CO_GENERATOR_LIKE:
         return None
     if back is None:
@@ -731,7 +735,7 @@ def _via_c(frame: types.FrameType, back=None) -> bool | None:
     entry = back.called_from_c(frame)
     if not entry or caller is None:
         return entry
-    return not back.calls_unpacked(caller.f_code, caller.f_lasti)
+    return not back.c_passes_through(caller.f_code, caller.f_lasti, frame.f_code.co_name)
 
 
 def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:

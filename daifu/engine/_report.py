@@ -187,7 +187,8 @@ def options(crash: Crash) -> list[str]:
     out = []
     batch = crash.batch is not None  # a DataLoader batch failed at this loop header
     if crash.can_retry:
-        out.append("retry (fetch the same batch again)" if batch else "retry")
+        out.append("retry (fetch the same batch again)" if batch else
+                   f"retry ({crash.retry_note})" if crash.retry_note else "retry")
     else:
         out.append(f"retry impossible ({crash.retry_reason})")
     if crash.can_skip:

@@ -52,14 +52,14 @@ PYTHON = _entry.python
 #: frame access (one module per frame-layout family, ``_versions``: it builds
 #: ctypes structures) and what ``_core`` provides: both imported on first use
 _FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "write_locals"})
-_LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "calls_unpacked",
+_LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "c_passes_through",
                    "chain_for_code", "effects", "has_except_handler", "returns_truthy",
                    "rewrite", "plan", "emit", "assemble", "Plan"})
 #: reading rewritten code back, without ``bytecode`` (``_readback``)
 _READBACK = frozenset({"cell_ranges", "lasti_offset"})
 
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
-           "calls_unpacked", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
+           "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
            "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
            "write_locals"]
 

@@ -32,7 +32,7 @@ from ._emit import (
 )
 from ._handlers import (
     _walk_to_reraise,
-    calls_unpacked,
+    c_passes_through,
     chain_for_code,
     effects,
     handler_chain,
@@ -71,7 +71,7 @@ called_from_c, read_locals = _frames.called_from_c, _frames.read_locals
 running_function, write_locals = _frames.running_function, _frames.write_locals
 
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
-           "calls_unpacked", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
+           "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
            "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
            "write_locals"]
 

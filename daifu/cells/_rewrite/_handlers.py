@@ -26,7 +26,9 @@ from ._analysis import _flatten
 from ._ops import (
     _CALL_FUNCTION_EX,
     _CLAUSE_STOP,
+    _GET_ITER,
     _INTRINSIC_STOPITERATION_ERROR,
+    _ITERATING,
     _PASS_THROUGH,
     POP_JUMP_IF_FALSE,
     PY,
@@ -298,11 +300,21 @@ def has_except_handler(code: types.CodeType) -> bool:
 
 
 
-def calls_unpacked(code: types.CodeType, offset: int) -> bool:
-    """Is the instruction at byte ``offset`` a ``f(*args, **kw)`` call (which
-    goes through C without catching anything)?"""
+def c_passes_through(code: types.CodeType, offset: int, callee: str) -> bool:
+    """Does the instruction at byte ``offset`` reach the Python function
+    named ``callee`` through C that catches no crash?  ``f(*args, **kw)``
+    (``CALL_FUNCTION_EX``); a class's ``__next__`` run by ``FOR_ITER`` or by
+    the other instructions that iterate (directly, or through ``zip``,
+    ``enumerate``, ``itertools``...), and its ``__iter__`` by ``GET_ITER``:
+    C that catches ``StopIteration`` alone -- never a crash.  (Not the old
+    sequence protocol: its iterator stops at the ``IndexError`` that
+    ``__getitem__`` raises.)"""
     raw = code.co_code  # the unquickened instructions: base opcodes
-    return 0 <= offset < len(raw) and raw[offset] == _CALL_FUNCTION_EX
+    if not 0 <= offset < len(raw):
+        return False
+    op = raw[offset]
+    return op == _CALL_FUNCTION_EX or (op in _ITERATING and callee == "__next__") \
+        or (op == _GET_ITER and callee == "__iter__")
 
 
 def effects(code: types.CodeType, start: int, stop: int) -> list[tuple[str, str, object]]:

@@ -20,6 +20,10 @@ _CO_OPTIMIZED = 0x1
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 _CALL_FUNCTION_EX = dis.opmap["CALL_FUNCTION_EX"]
+_GET_ITER = dis.opmap["GET_ITER"]
+#: instructions that call ``__next__`` through C that catches only
+#: StopIteration (``_handlers.c_passes_through``)
+_ITERATING = frozenset(dis.opmap[name] for name in ("FOR_ITER", "UNPACK_SEQUENCE", "UNPACK_EX"))
 #: ``CALL_INTRINSIC_1`` argument of the StopIteration -> RuntimeError guard
 #: that wraps every generator's body (PEP 479)
 _INTRINSIC_STOPITERATION_ERROR = 3
