@@ -320,3 +320,29 @@ def test_signal_handlers_look_the_same_to_the_program(tmp_path):
                 print("thread:", exc)
         t = threading.Thread(target=other); t.start(); t.join()
     """)
+
+
+# -- leftovers: nothing of daifu's left in the process or at exit --------------------------
+
+LEFTOVERS = """
+    import sys, threading, time
+    print(threading.active_count(), [t.name for t in threading.enumerate()])
+    time.sleep(1.0)  # (daifu's preload has run by now: DAIFU_PRELOAD=0.2)
+    print(threading.active_count(), "structlog" in sys.modules or "daifu" not in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"], ["-W", "default"]],
+                         ids=["dev", "error", "default"])
+def test_no_thread_listed_and_no_resource_warning_at_exit(tmp_path, flags):
+    # the stacks file (kept for faulthandler) was an unclosed file object:
+    # "ResourceWarning: unclosed file" (with -W error "Exception ignored");
+    # the preload thread was a threading.Timer listed from start-up
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(LEFTOVERS))
+    env = {**os.environ, "DAIFU_CONSOLE": "0", "DAIFU_PRELOAD": "0.2"}
+    outs = [subprocess.run([sys.executable, *flags, *mode, str(script)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60, env=env)
+            for mode in ([], ["-m", "daifu"])]
+    assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
+        (0, "1 ['MainThread']\n1 True\n", "")] * 2, outs[1].stderr

@@ -153,11 +153,17 @@ def serve_stacks() -> int | None:
     try:
         path = os.path.join(runtime_dir(create=True, quiet=True), f"{os.getpid()}.stacks")
         fd = open_private(path, "the stacks file", OSError, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        stream = os.fdopen(fd, "w", encoding="utf-8")
-        faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError, EndpointError):
         return None
-    _stacks_files.append(stream)  # (kept open: faulthandler writes to its fd)
+    try:
+        # (a bare descriptor, kept open for faulthandler: a file object left
+        # open would be a ResourceWarning at exit under -X dev, -W default,
+        # unittest and pytest)
+        faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        os.close(fd)
+        return None
+    _stacks_files.append(fd)  # (kept open: faulthandler writes to it)
     _registered.append((os.getpid(), path))
     return STACKS_SIGNAL
 
