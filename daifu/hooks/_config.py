@@ -1,34 +1,22 @@
 """Options, from the command line or the environment (children inherit them).
 
-| variable             | option           | meaning                                             |
-|----------------------|------------------|-----------------------------------------------------|
-| DAIFU_MODULES        | --modules        | modules the import hook vaccinates (dotted globs)   |
-| DAIFU_ENTRY          | --entry          | functions to vaccinate (qualname globs; * = loops)  |
-| DAIFU_LAZY           | --lazy (=1)      | unset (default): every other function and method is |
-|                      | --no-lazy (=0)   | vaccinated at import; 1: at its first call (a stub  |
-|                      |                  | frame on that call); 0: not vaccinated              |
-| DAIFU_FIXES          | --fixes          | rules files, separated by os.pathsep               |
-| DAIFU_MAX_ATTEMPTS   | --max-attempts   | retries of one statement before giving up (5)       |
-| DAIFU_LOG            | --log            | write events as JSON lines to this file             |
-| DAIFU_LOG_LEVEL      | --log-level      | debug, info (default), warning, error               |
-| DAIFU_STRICT         | --strict         | 1: a function daifu cannot vaccinate is an error    |
-| DAIFU_DUMP           | --dump           | 1 (stderr) or a file: print the rewritten bytecode  |
-| DAIFU_WAIT           | --wait           | without a terminal: wait this long (s) for a remote |
-|                      |                  | fix between commands; 0 (default) = do not wait     |
-| DAIFU_CONSOLE        | --no-console     | 0: no console even on a terminal                    |
-| DAIFU_NOTIFY         | --notify         | shell command run when the job starts waiting for a |
-|                      |                  | human (DAIFU_PID, DAIFU_WHERE, ... in its env)      |
-| DAIFU_JOURNAL        | --journal        | the journal file (default under ~/.local/state)     |
-| DAIFU_REPLAY         | --replay         | re-apply the patches of this journal                |
-| DAIFU_RUNTIME_DIR    |                  | private directory for control sockets               |
-| DAIFU_CACHE          | --no-cache (=0)  | code cache: a directory, 0 (off) or 1 (on); default |
-|                      |                  | ~/.cache/daifu (written under python -B too)        |
-| DAIFU_CHECKPOINT     | --no-checkpoint  | 0: no emergency checkpoint when a crash is given up |
-| DAIFU_CHECKPOINT_DIR | --checkpoint-dir | where it goes (~/.local/state/daifu/checkpoints)    |
-| DAIFU_GRACE          | --grace          | on SIGTERM: seconds to wait for the loop (25)       |
-| DAIFU_PRELOAD        |                  | seconds after start-up to import what a crash needs |
-|                      |                  | (in a daemon thread; default 2), 0: at the crash    |
-| DAIFU_MAIN           | (set by runner)  | the main script, so spawned children vaccinate it   |
+Every option of ``python -m daifu`` is declared once, in ``OPTIONS``: an
+``Option`` is one command-line option, the ``DAIFU_*`` variable that means the
+same and the ``Config`` field both set.  The runner's argparse parser, its
+split of ``[options] script.py [args]`` (which options take the next word as
+their value), the variables' part of ``--help``, ``Config.from_env``,
+``Config.override`` and ``Config.export`` read it; nothing else lists them.
+A new option is one entry there (plus what it does).
+
+Both ``--opt VALUE`` and ``--opt=VALUE`` work; an option with an optional
+value (``--dump [FILE]``) takes the next word only if it is neither an option
+nor a ``.py`` file (``--dump train.py`` dumps to stderr and runs train.py).
+An option overrides its variable; a blank variable is unset.
+
+Variables no option sets: ``DAIFU_MAIN`` (the main script, set by the runner,
+so that spawned children vaccinate it), ``DAIFU_PEER_TIMEOUT`` (checked here,
+used by ``engine/_distributed.py``), ``DAIFU_RUNTIME_DIR`` (``engine/_rundir.py``)
+and ``DAIFU_PRELOAD`` (``engine/_preload.py``; in ``OPTIONS`` for ``--help``).
 """
 
 from __future__ import annotations
@@ -40,34 +28,36 @@ from .._record import field, record, replace
 from ..cells import Selection
 from ._patterns import ModuleMatcher
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_ON_OFF = "1 or 0 (also true/false, yes/no, on/off)"
 
 
-def _switch(env: dict[str, str], name: str, default: bool) -> bool:
-    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset or empty:
-    ``default``); anything else is one clear ``ConfigError``, not a guess."""
-    value = env.get(name, "").strip().lower()
-    if not value:
-        return default
+def _switch(text: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off, nothing else (a
+    ``ValueError``, not a guess)."""
+    value = text.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name} must be 1 or 0 (also true/false, yes/no, on/off), "
-                      f"got {env[name]!r}")
+    raise ValueError(text)
 
 
 def parse_wait(text: str) -> float | None:
-    """Seconds to wait for a remote fix: a number, or ``inf``/``forever``."""
+    """Seconds to wait for a remote fix: a number, or ``inf``/``forever`` (None)."""
     if text.strip().lower() in ("inf", "forever", "infinity"):
         return None
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"--wait/DAIFU_WAIT must be a number of seconds >= 0 or 'inf', "
-                          f"not {text!r}") from None
-    if value != value or value < 0:  # NaN, negative
+        value = float("nan")
+    if value != value or value < 0:  # not a number, NaN, negative
         raise ConfigError(f"--wait/DAIFU_WAIT must be a number of seconds >= 0 or 'inf', "
                           f"not {text!r}")
     if value == float("inf"):
@@ -75,8 +65,271 @@ def parse_wait(text: str) -> float | None:
     return value
 
 
-def _split(text: str | None, sep: str = ",") -> tuple[str, ...]:
-    return tuple(x.strip() for x in (text or "").split(sep) if x.strip())
+def _split(text: str, sep: str = ",") -> tuple[str, ...]:
+    """The non-blank items of a ``sep``-separated list, stripped."""
+    return tuple(x.strip() for x in text.split(sep) if x.strip())
+
+
+def _entries(text: str) -> tuple[str, ...]:
+    return _split(text) or ("*",)
+
+
+def _files(text: str) -> tuple[str, ...]:
+    return _split(text, os.pathsep)
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _text_or_none(text: str) -> str | None:
+    return text or None
+
+
+def _absolute(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
+
+
+def _user_path(path: str | None) -> str | None:
+    return os.path.abspath(os.path.expanduser(path)) if path else None
+
+
+def _cache(cache: str) -> str | None:
+    """``DAIFU_CACHE``: a keyword as it is, a directory absolute (children run
+    elsewhere), unset as it is."""
+    if not cache:
+        return None
+    return cache if cache.lower() in _TRUE | _FALSE else _user_path(cache)
+
+
+class Option:
+    """One option of ``python -m daifu``: its command-line spellings, its
+    ``DAIFU_*`` variable and the ``Config`` field they set.
+
+    (A plain class: a ``@record`` compiles its ``__init__`` at the first
+    instance, ~0.25 ms of every start, and the table is made at every start.)"""
+
+    #: the spellings on the command line (``()``: a variable without an option)
+    flags: tuple[str, ...]
+    #: what ``--help`` says of it
+    help: str
+    #: the name of the value it takes; None: a flag, given or not
+    metavar: str | None
+    #: the value it has when given without one: the value is optional
+    #: (``--dump`` alone is ``--dump -``, stderr)
+    bare: str | None
+    #: the values it accepts (argparse checks them)
+    choices: tuple[str, ...] | None
+    #: given again, its values add up (``--fixes a.py --fixes b.py``)
+    repeat: bool
+    #: the environment variable that means the same
+    env: str | None
+    #: how ``--help`` writes the variable's value: for a flag, the value that
+    #: means the flag (``DAIFU_STRICT=1``); None: ``metavar``
+    env_value: str | None
+    #: what the variable does besides what the option does (``--help``)
+    env_note: str
+    #: the ``Config`` field it sets; None: the runner reads it from argparse
+    field: str | None
+    #: what a flag sets its field to
+    const: Any
+    #: other fields it sets, to these values (``--lazy``: ``eager`` False)
+    also: tuple[tuple[str, Any], ...]
+    #: text -> the field's value, for the option's value and the variable's
+    #: (a flag's: only the variable's); a bad text raises ``ValueError``
+    parse: Callable[[str], Any]
+    #: what a good text is, for the error about a bad one (``ValueError``)
+    expects: str
+    #: the variable's text for child processes, from the ``Config``; None:
+    #: the variable is left as it is.  A flag's default: ``env_value`` when
+    #: its field is ``const``
+    export: Callable[[Config], str | None] | None
+    #: ``-V``/``--version``: the parser prints the version line and exits
+    version: bool
+
+    def __init__(self, flags: tuple[str, ...], help: str, *, metavar: str | None = None,
+                 bare: str | None = None, choices: tuple[str, ...] | None = None,
+                 repeat: bool = False, env: str | None = None, env_value: str | None = None,
+                 env_note: str = "", field: str | None = None, const: Any = None,
+                 also: tuple[tuple[str, Any], ...] = (), parse: Callable[[str], Any] = _text,
+                 expects: str = "", export: Callable[[Config], str | None] | None = None,
+                 version: bool = False) -> None:
+        self.flags, self.help, self.metavar, self.bare = flags, help, metavar, bare
+        self.choices, self.repeat, self.env, self.env_value = choices, repeat, env, env_value
+        self.env_note, self.field, self.const, self.also = env_note, field, const, also
+        self.parse, self.expects, self.export, self.version = parse, expects, export, version
+
+    def __repr__(self) -> str:
+        return f"Option({'/'.join(self.flags) or self.env})"
+
+    @property
+    def dest(self) -> str:
+        """Its attribute in argparse's namespace (the first long flag's name)."""
+        long = next((f for f in self.flags if f.startswith("--")), self.flags[0])
+        return long.lstrip("-").replace("-", "_")
+
+    @property
+    def takes_value(self) -> bool:
+        return self.metavar is not None
+
+    def parsed(self, text: str, source: str) -> Any:
+        """``parse(text)``; a bad text is one ``ConfigError`` naming ``source``
+        (the flag or the variable it came from)."""
+        try:
+            return self.parse(text)
+        except ConfigError:
+            raise
+        except ValueError:
+            raise ConfigError(f"{source} must be {self.expects}, got {text!r}") from None
+
+    def set(self, cfg: Config, value: Any) -> None:
+        """Set its field (and ``also``'s) of ``cfg``."""
+        assert self.field is not None
+        setattr(cfg, self.field, value)
+        for name, other in self.also:
+            setattr(cfg, name, other)
+
+    def from_command_line(self, cfg: Config, ns: Any) -> None:
+        """Set ``cfg`` from argparse's namespace ``ns`` if the command line gave it."""
+        if self.field is None or not self.flags:
+            return
+        given = getattr(ns, self.dest)
+        if given is None or given is False or given == []:  # (argparse's defaults)
+            return
+        if not self.takes_value:
+            self.set(cfg, self.const)
+        elif self.repeat:
+            self.set(cfg, (*getattr(cfg, self.field), *given))
+        else:
+            self.set(cfg, self.parsed(given, self.flags[0]))
+
+    def default_export(self, cfg: Config) -> str | None:
+        """A flag's variable when the flag's value is set, else as it is."""
+        assert self.field is not None
+        return self.env_value if getattr(cfg, self.field) == self.const else None
+
+
+def _lazy(cfg: Config) -> str | None:
+    if cfg.lazy and cfg.eager:  # neither --lazy, --no-lazy nor DAIFU_LAZY
+        return None
+    return "1" if cfg.lazy else "0"
+
+
+def _journal(cfg: Config) -> str | None:
+    # a journal per process ({rank}, {pid}): spawned children keep one too; a
+    # single file stays the parent's (children journal apart)
+    return _absolute(cfg.journal) if cfg.journal and "{" in cfg.journal else None
+
+
+#: every option of ``python -m daifu``, in ``--help``'s order (argparse adds -h)
+OPTIONS: tuple[Option, ...] = (
+    Option(("--fixes",), "load rules from FILE before the script starts (repeatable)",
+           metavar="FILE", repeat=True, env="DAIFU_FIXES", env_value=f"FILE{os.pathsep}FILE...",
+           field="fixes", parse=_files,
+           export=lambda cfg: os.pathsep.join(os.path.abspath(f) for f in cfg.fixes)
+           if cfg.fixes else None),
+    Option(("--modules",), "also vaccinate these modules (comma-separated dotted globs)",
+           metavar="PATTERNS", env="DAIFU_MODULES", field="modules",
+           export=lambda cfg: cfg.modules),
+    Option(("--entry",), "functions to vaccinate (qualname globs; '*' = every function with a "
+           "loop, the default; '<module>' = module code); every other function and method is "
+           "vaccinated at import", metavar="PATTERNS", env="DAIFU_ENTRY", field="entry",
+           parse=_entries, export=lambda cfg: ",".join(cfg.entry)),
+    Option(("--lazy",), "vaccinate the functions --entry does not select at their first call "
+           "instead of at import (faster imports; that one call runs under a stub frame that "
+           "debuggers and profilers see)",
+           env="DAIFU_LAZY", env_value="1", field="lazy", const=True, also=(("eager", False),),
+           parse=_switch, expects=_ON_OFF, export=_lazy),
+    Option(("--no-lazy",), "vaccinate only the functions --entry selects (by default every "
+           "other function and method of a vaccinated module is vaccinated at import)",
+           env="DAIFU_LAZY", env_value="0", field="lazy", const=False,
+           also=(("eager", False),)),
+    Option(("--max-attempts",), "give up after N failed retries of one statement (default 5)",
+           metavar="N", env="DAIFU_MAX_ATTEMPTS", field="max_attempts", parse=int,
+           expects="an integer", export=lambda cfg: str(cfg.max_attempts)),
+    Option(("--log-file", "--log"), "write daifu's events as JSON lines to FILE ({rank}, "
+           "{local_rank} and {pid} in the name: one file per rank; --log is the same, but "
+           "launchers such as torchrun take --log for their own --log-dir)",
+           metavar="FILE", env="DAIFU_LOG", field="log", parse=_text_or_none,
+           export=lambda cfg: _absolute(cfg.log)),
+    Option(("--log-level",), "debug, info (default), warning or error", metavar="LEVEL",
+           choices=("debug", "info", "warning", "error"), env="DAIFU_LOG_LEVEL",
+           field="log_level", parse=str.lower, export=lambda cfg: cfg.log_level),
+    Option(("--strict",), "fail if a selected function cannot be vaccinated",
+           env="DAIFU_STRICT", env_value="1", field="strict", const=True, parse=_switch,
+           expects=_ON_OFF),
+    Option(("--dump",), "print the rewritten bytecode to stderr (or FILE)", metavar="FILE",
+           bare="-", env="DAIFU_DUMP", env_value="1|FILE", field="dump", parse=_text_or_none,
+           export=lambda cfg: cfg.dump or None),
+    Option(("--wait",), "without a terminal: wait for a fix from `python -m daifu attach/send` "
+           "(SECONDS between commands, or 'inf'); default 0: give up at once",
+           metavar="SECONDS", env="DAIFU_WAIT", field="wait", parse=parse_wait,
+           export=lambda cfg: "inf" if cfg.wait is None else f"{cfg.wait:g}"),
+    Option(("--notify",), "run the shell command CMD when the job starts waiting for a fix "
+           "(who crashed, where and how to attach are in its environment: DAIFU_PID, "
+           "DAIFU_WHERE, DAIFU_EXCEPTION, DAIFU_ATTACH, ...)",
+           metavar="CMD", env="DAIFU_NOTIFY", field="notify", parse=_text_or_none,
+           export=lambda cfg: cfg.notify or None),
+    Option(("--no-console",), "never open the interactive console, even on a terminal",
+           env="DAIFU_CONSOLE", env_value="0", field="console", const=False, parse=_switch,
+           expects=_ON_OFF),
+    Option(("--journal",), "record crashes and patches here (JSON lines, mode 0600)",
+           metavar="FILE", env="DAIFU_JOURNAL", field="journal", parse=_text_or_none,
+           export=_journal),
+    Option(("--replay",), "re-apply the patches recorded in JOURNAL when the same crash recurs",
+           metavar="JOURNAL", env="DAIFU_REPLAY", field="replay", parse=_text_or_none,
+           export=lambda cfg: _absolute(cfg.replay)),
+    Option(("--unprotected",), "on a Python daifu does not support, run the program anyway "
+           "(without crash interception) instead of refusing"),
+    Option(("--no-cache",), "rewrite vaccinated code at every start instead of using the code "
+           "cache (~/.cache/daifu)",
+           env="DAIFU_CACHE", env_value="0", env_note="(1: on, the default; a directory: that "
+           "one)", field="cache", const="0", parse=str.strip,
+           export=lambda cfg: _cache(cfg.cache)),
+    Option(("--checkpoint-dir",), "where the emergency checkpoint goes when a crash is given up "
+           "(default ~/.local/state/daifu/checkpoints)",
+           metavar="DIR", env="DAIFU_CHECKPOINT_DIR", field="checkpoint_dir",
+           export=lambda cfg: _user_path(cfg.checkpoint_dir)),
+    Option(("--no-checkpoint",), "do not save the training state when a crash is given up or "
+           "the job gets SIGTERM",
+           env="DAIFU_CHECKPOINT", env_value="0", field="checkpoint", const=False,
+           parse=_switch, expects=_ON_OFF),
+    Option(("--grace",), "on SIGTERM, wait up to S seconds (default 25) for the training loop "
+           "to finish its iteration, save the state, then end",
+           metavar="S", env="DAIFU_GRACE", field="grace", parse=float,
+           expects="a number of seconds", export=lambda cfg: f"{cfg.grace:g}"),
+    Option(("-V", "--version"), "show daifu's version, the Python it runs on and whether the "
+           "barrier's C check is in use, and exit", version=True),
+    # a variable without an option (read by engine/_preload.py)
+    Option((), "import what a crash needs S seconds after start (default 2; 0: at the crash)",
+           env="DAIFU_PRELOAD", env_value="S"),
+)
+
+#: the options by spelling (the argv split)
+BY_FLAG: dict[str, Option] = {flag: opt for opt in OPTIONS for flag in opt.flags}
+
+#: the option that reads and writes each variable (``Config.from_env``,
+#: ``export``): the first that names it (``--lazy``, not ``--no-lazy``)
+VARIABLES: dict[str, Option] = {}
+for _opt in OPTIONS:
+    if _opt.env is not None and _opt.field is not None:
+        VARIABLES.setdefault(_opt.env, _opt)
+del _opt
+
+
+def variables_help() -> str:
+    """The variables' part of ``--help``: each variable, its value, the option
+    it is like."""
+    lines = ["environment variables (options override them; child processes inherit them):"]
+    for opt in OPTIONS:
+        if opt.env is None:
+            continue
+        name = f"{opt.env}={opt.env_value or opt.metavar}"
+        what = (f"like {opt.flags[0]}" if opt.flags else opt.help) + \
+            (f" {opt.env_note}" if opt.env_note else "")
+        lines.append(f"  {name:<25} {what}")
+    return "\n".join(lines)
+
 
 
 @record
@@ -108,29 +361,13 @@ class Config:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
+        """The options the ``DAIFU_*`` variables set (a blank one is unset)."""
         env = dict(os.environ if env is None else env)
-        cfg = cls(
-            modules=env.get("DAIFU_MODULES", ""),
-            entry=_split(env.get("DAIFU_ENTRY")) or ("*",),
-            fixes=_split(env.get("DAIFU_FIXES"), os.pathsep),
-            log=env.get("DAIFU_LOG") or None,
-            log_level=(env.get("DAIFU_LOG_LEVEL") or "info").lower(),
-            strict=_switch(env, "DAIFU_STRICT", False),
-            dump=env.get("DAIFU_DUMP") or None,
-            main=env.get("DAIFU_MAIN") or None,
-        )
-        if env.get("DAIFU_LAZY", "").strip():
-            cfg.lazy, cfg.eager = _switch(env, "DAIFU_LAZY", True), False
-        cfg.console = _switch(env, "DAIFU_CONSOLE", True)
-        cfg.checkpoint = _switch(env, "DAIFU_CHECKPOINT", True)
-        cfg.checkpoint_dir = env.get("DAIFU_CHECKPOINT_DIR", "")
-        grace = env.get("DAIFU_GRACE", "").strip()
-        if grace:
-            try:
-                cfg.grace = float(grace)
-            except ValueError:
-                raise ConfigError(f"DAIFU_GRACE must be a number of seconds, not {grace!r}") \
-                    from None
+        cfg = cls(main=env.get("DAIFU_MAIN") or None)
+        for name, opt in VARIABLES.items():
+            text = env.get(name, "")
+            if text.strip():
+                opt.set(cfg, opt.parsed(text, name))
         peer = env.get("DAIFU_PEER_TIMEOUT")
         if peer is not None:
             try:
@@ -139,21 +376,14 @@ class Config:
             except ValueError:
                 raise ConfigError("DAIFU_PEER_TIMEOUT must be a number of seconds (0 or more), "
                                   f"got {peer!r}") from None
-        cfg.journal = env.get("DAIFU_JOURNAL") or None
-        cfg.notify = env.get("DAIFU_NOTIFY") or None
-        cfg.replay = env.get("DAIFU_REPLAY") or None
-        cfg.cache = env.get("DAIFU_CACHE", "").strip()
-        if env.get("DAIFU_WAIT"):
-            cfg.wait = parse_wait(env["DAIFU_WAIT"])
-        attempts = env.get("DAIFU_MAX_ATTEMPTS")
-        if attempts:
-            try:
-                cfg.max_attempts = int(attempts)
-            except ValueError:
-                raise ConfigError(
-                    f"DAIFU_MAX_ATTEMPTS must be an integer, got {attempts!r}") from None
         cfg.validate()
         return cfg
+
+    def override(self, ns) -> None:
+        """Set what the command line gave (argparse's namespace): the options
+        override the variables.  ``validate()`` next."""
+        for opt in OPTIONS:
+            opt.from_command_line(self, ns)
 
     def validate(self) -> None:
         self.matcher = ModuleMatcher.parse(self.modules)
@@ -187,7 +417,7 @@ class Config:
         from ..cells import CodeCache, default_directory
 
         value = self.cache.lower()
-        if value in ("0", "false", "no", "off"):
+        if value in _FALSE:
             return None
         if value == "":
             return CodeCache(default_directory(), quiet=True)
@@ -197,45 +427,12 @@ class Config:
 
     def export(self) -> None:
         """Write the options to the environment so child processes inherit them."""
-        os.environ["DAIFU_MODULES"] = self.modules
-        os.environ["DAIFU_ENTRY"] = ",".join(self.entry)
-        if self.lazy and self.eager:
-            os.environ.pop("DAIFU_LAZY", None)
-        else:
-            os.environ["DAIFU_LAZY"] = "1" if self.lazy else "0"
-        os.environ["DAIFU_MAX_ATTEMPTS"] = str(self.max_attempts)
-        os.environ["DAIFU_LOG_LEVEL"] = self.log_level
-        if self.fixes:
-            os.environ["DAIFU_FIXES"] = os.pathsep.join(os.path.abspath(f) for f in self.fixes)
-        if self.log:
-            os.environ["DAIFU_LOG"] = os.path.abspath(self.log)
-        if self.journal and "{" in self.journal:
-            # a journal per process ({rank}, {pid}): spawned children keep one
-            # too; a single file stays the parent's (children journal apart)
-            os.environ["DAIFU_JOURNAL"] = os.path.abspath(self.journal)
-        if self.strict:
-            os.environ["DAIFU_STRICT"] = "1"
-        if self.dump:
-            os.environ["DAIFU_DUMP"] = self.dump
+        for name, opt in VARIABLES.items():
+            text = (opt.export or opt.default_export)(self)
+            if text is not None:
+                os.environ[name] = text
         if self.main:
             os.environ["DAIFU_MAIN"] = self.main
-        if not self.checkpoint:
-            os.environ["DAIFU_CHECKPOINT"] = "0"
-        os.environ["DAIFU_GRACE"] = f"{self.grace:g}"
-        if self.checkpoint_dir:
-            os.environ["DAIFU_CHECKPOINT_DIR"] = os.path.abspath(
-                os.path.expanduser(self.checkpoint_dir))
-        os.environ["DAIFU_WAIT"] = "inf" if self.wait is None else f"{self.wait:g}"
-        if not self.console:
-            os.environ["DAIFU_CONSOLE"] = "0"
-        if self.notify:
-            os.environ["DAIFU_NOTIFY"] = self.notify
-        if self.replay:
-            os.environ["DAIFU_REPLAY"] = os.path.abspath(self.replay)
-        if self.cache:
-            keyword = self.cache.lower() in _TRUE | {"0", "false", "no", "off"}
-            os.environ["DAIFU_CACHE"] = (
-                self.cache if keyword else os.path.abspath(os.path.expanduser(self.cache)))
 
     def apply(self) -> None:
         """Configure this process's transform and engine from the options."""

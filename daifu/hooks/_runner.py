@@ -26,7 +26,7 @@ from .._errors import ConfigError, NotVaccinatedWarning
 from .._runtime import RUNTIME
 from ..engine._crash import is_plumbing
 from . import _logging
-from ._config import Config, parse_wait
+from ._config import BY_FLAG, OPTIONS, Config, variables_help
 from ._finder import compile_vaccinated
 from ._install import install
 
@@ -52,27 +52,7 @@ it happens, inside the live process.  Rules (daifu.on, in the script or in
 --fixes files) can repair the state and retry or skip the failing statement;
 without a fix the exception continues exactly as without daifu."""
 
-EPILOG = """\
-environment variables (options override them; child processes inherit them):
-  DAIFU_MODULES       modules to vaccinate besides the script, e.g. 'mylib.*'
-  DAIFU_ENTRY         functions to vaccinate: qualname globs, '*' = every
-                      function containing a loop (default), '<module>' = module code;
-                      every other function and method is vaccinated at import
-  DAIFU_LAZY=1        like --lazy;  DAIFU_LAZY=0  like --no-lazy
-  DAIFU_FIXES         rules files, separated by ':'
-  DAIFU_MAX_ATTEMPTS  retries of one statement before giving up (default 5)
-  DAIFU_PRELOAD=S     import what a crash needs S seconds after start (default 2; 0: at the crash)
-  DAIFU_CHECKPOINT=0  like --no-checkpoint;  DAIFU_CHECKPOINT_DIR  like --checkpoint-dir
-  DAIFU_GRACE=S       like --grace
-  DAIFU_LOG           write events as JSON lines to this file
-  DAIFU_LOG_LEVEL     debug | info | warning | error (default info)
-  DAIFU_STRICT=1      a function that cannot be vaccinated is an error
-  DAIFU_DUMP=1|FILE   print the rewritten bytecode (debugging)
-  DAIFU_WAIT          like --wait; DAIFU_CONSOLE=0 like --no-console
-  DAIFU_JOURNAL, DAIFU_REPLAY   like --journal, --replay
-  DAIFU_CACHE         code cache: a directory, 0 (off, like --no-cache) or 1;
-                      default ~/.cache/daifu (written under python -B too)
-
+EXAMPLES = """\
 examples:
   python -m daifu --fixes fixes.py train.py --epochs 3
   DAIFU_MODULES=mylib python -m daifu -m mylib.train --lr 0.1"""
@@ -90,65 +70,26 @@ def _parser() -> argparse.ArgumentParser:
     import argparse  # (and gettext: only when there are options to parse)
 
     p = argparse.ArgumentParser(
-        prog="python -m daifu", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+        prog="python -m daifu", usage=USAGE, description=DESCRIPTION,
+        epilog=variables_help() + "\n\n" + EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # `--max 3` is refused, not guessed (the script follows)
     )
-    p.add_argument("--fixes", action="append", default=[], metavar="FILE",
-                   help="load rules from FILE before the script starts (repeatable)")
-    p.add_argument("--modules", metavar="PATTERNS",
-                   help="also vaccinate these modules (comma-separated dotted globs)")
-    p.add_argument("--entry", metavar="PATTERNS",
-                   help="functions to vaccinate (qualname globs; '*' = every function with a loop)")
-    p.add_argument("--lazy", action="store_true",
-                   help="vaccinate the functions --entry does not select at their first call "
-                        "instead of at import (faster imports; that one call runs under a "
-                        "stub frame that debuggers and profilers see)")
-    p.add_argument("--no-lazy", action="store_true",
-                   help="vaccinate only the functions --entry selects (by default every other "
-                        "function and method of a vaccinated module is vaccinated at import)")
-    p.add_argument("--max-attempts", type=int, metavar="N",
-                   help="give up after N failed retries of one statement (default 5)")
-    p.add_argument("--log-file", "--log", dest="log", metavar="FILE",
-                   help="write daifu's events as JSON lines to FILE ({rank}, {local_rank} "
-                        "and {pid} in the name: one file per rank; --log is the same, but "
-                        "launchers such as torchrun take --log for their own --log-dir)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--strict", action="store_true",
-                   help="fail if a selected function cannot be vaccinated")
-    p.add_argument("--dump", nargs="?", const="-", metavar="FILE",
-                   help="print the rewritten bytecode to stderr (or FILE)")
-    p.add_argument("--wait", metavar="SECONDS",
-                   help="without a terminal: wait for a fix from `python -m daifu attach/send` "
-                        "(SECONDS between commands, or 'inf'); default 0: give up at once")
-    p.add_argument("--notify", metavar="CMD",
-                   help="run the shell command CMD when the job starts waiting for a fix "
-                        "(who crashed, where and how to attach are in its environment: "
-                        "DAIFU_PID, DAIFU_WHERE, DAIFU_EXCEPTION, DAIFU_ATTACH, ...)")
-    p.add_argument("--no-console", action="store_true",
-                   help="never open the interactive console, even on a terminal")
-    p.add_argument("--journal", metavar="FILE",
-                   help="record crashes and patches here (JSON lines, mode 0600)")
-    p.add_argument("--replay", metavar="JOURNAL",
-                   help="re-apply the patches recorded in JOURNAL when the same crash recurs")
-    p.add_argument("--unprotected", action="store_true",
-                   help="on a Python daifu does not support, run the program anyway "
-                        "(without crash interception) instead of refusing")
-    p.add_argument("--no-cache", action="store_true",
-                   help="rewrite vaccinated code at every start instead of using the code "
-                        "cache (~/.cache/daifu)")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="where the emergency checkpoint goes when a crash is given up "
-                        "(default ~/.local/state/daifu/checkpoints)")
-    p.add_argument("--no-checkpoint", action="store_true",
-                   help="do not save the training state when a crash is given up or the "
-                        "job gets SIGTERM")
-    p.add_argument("--grace", type=float, metavar="S",
-                   help="on SIGTERM, wait up to S seconds (default 25) for the training loop "
-                        "to finish its iteration, save the state, then end")
-    p.add_argument("-V", "--version", action=_version_action(argparse), nargs=0,
-                   help="show daifu's version, the Python it runs on and whether the "
-                        "barrier's C check is in use, and exit")
+    for opt in OPTIONS:  # (each option is declared there, once)
+        if not opt.flags:
+            continue
+        kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
+        if opt.version:
+            kw.update(action=_version_action(argparse), nargs=0)
+        elif not opt.takes_value:
+            kw.update(action="store_true")
+        else:
+            kw.update(metavar=opt.metavar, choices=opt.choices)
+            if opt.repeat:
+                kw.update(action="append", default=[])
+            if opt.bare is not None:
+                kw.update(nargs="?", const=opt.bare)
+        p.add_argument(*opt.flags, **kw)
     return p
 
 
@@ -171,10 +112,9 @@ def version_line() -> str:
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
-    """Split into (daifu options, script, module, program args)."""
-    takes_value = {"--fixes", "--modules", "--entry", "--max-attempts", "--log", "--log-file",
-                   "--log-level",
-                   "--wait", "--journal", "--replay", "--notify"}
+    """Split into (daifu options, script, module, program args): the first
+    word that is neither an option nor the value of one (``--grace 5``) is the
+    script."""
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -187,11 +127,12 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, lis
             return argv[:i], (rest[0] if rest else None), None, rest[1:]
         if not arg.startswith("-") or arg == "-":
             return argv[:i], arg, None, argv[i + 1 :]
-        if arg in takes_value:
-            i += 2
-            continue
-        if arg == "--dump" and i + 1 < len(argv) and not argv[i + 1].startswith("-") and \
-                not argv[i + 1].endswith(".py"):
+        opt = BY_FLAG.get(arg)  # (None for --opt=VALUE: one word)
+        if opt is not None and opt.takes_value and (
+                opt.bare is None  # the value is the next word, whatever it is
+                # an optional value: the next word unless an option or the script
+                or (i + 1 < len(argv) and not argv[i + 1].startswith("-")
+                    and not argv[i + 1].endswith(".py"))):
             i += 2
             continue
         i += 1
@@ -205,24 +146,17 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(run(argv[0], argv[1:]))
     options, script, module, args = _split_argv(argv)
-    ns: Any
-    if options:  # (argparse, and what it imports, only when there is something to parse)
+    ns: Any = None  # argparse's namespace (argparse only when there is something to parse)
+    if options:
         parser = _parser()
         if "-m" in options:
             parser.error("-m needs a module name")
         ns = parser.parse_args(options)
-    else:
-        ns = types.SimpleNamespace(fixes=[], modules=None, entry=None, max_attempts=None,
-                                   log=None, log_level=None, strict=False, dump=None, wait=None,
-                                   notify=None, no_console=False, journal=None, replay=None,
-                                   no_cache=False, unprotected=False, no_lazy=False,
-                                   lazy=False, checkpoint_dir=None, no_checkpoint=False,
-                                   grace=None)
     from ..cells import backend
     from ..cells._dispatch import SUPPORTED
 
     back, _reason = backend()
-    if back is None and not ns.unprotected:
+    if back is None and not (ns is not None and ns.unprotected):
         supported = " and ".join(f"{a}.{b}" for a, b in SUPPORTED)
         sys.stderr.write(f"python -m daifu: error: daifu supports CPython {supported}, not "
                          f"{sys.implementation.name} {sys.version_info[0]}."
@@ -242,44 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     try:
         cfg = Config.from_env()
-        if ns.fixes:
-            cfg.fixes = tuple(cfg.fixes) + tuple(ns.fixes)
-        if ns.modules is not None:
-            cfg.modules = ns.modules
-        if ns.entry is not None:
-            cfg.entry = tuple(x.strip() for x in ns.entry.split(",") if x.strip()) or ("*",)
-        if ns.max_attempts is not None:
-            cfg.max_attempts = ns.max_attempts
-        if ns.log:
-            cfg.log = ns.log
-        if ns.log_level:
-            cfg.log_level = ns.log_level
-        if ns.strict:
-            cfg.strict = True
-        if ns.dump:
-            cfg.dump = ns.dump
-        if ns.wait is not None:
-            cfg.wait = parse_wait(ns.wait)
-        if ns.notify:
-            cfg.notify = ns.notify
-        if ns.no_console:
-            cfg.console = False
-        if ns.journal:
-            cfg.journal = ns.journal
-        if ns.replay:
-            cfg.replay = ns.replay
-        if ns.lazy:
-            cfg.lazy, cfg.eager = True, False
-        if ns.no_lazy:
-            cfg.lazy = False
-        if ns.no_cache:
-            cfg.cache = "0"
-        if ns.checkpoint_dir:
-            cfg.checkpoint_dir = ns.checkpoint_dir
-        if ns.no_checkpoint:
-            cfg.checkpoint = False
-        if ns.grace is not None:
-            cfg.grace = ns.grace
+        if ns is not None:
+            cfg.override(ns)
         cfg.validate()
         for path in cfg.fixes:
             if not os.path.isfile(path):
