@@ -1,0 +1,207 @@
+"""One program, plain and vaccinated, in one forked child: the same?
+
+The child (``os.fork()`` of the calling process: no interpreter start-up, and
+a program that corrupts the interpreter, eats the memory or crashes it takes
+only the child along) compiles the program plainly and runs it twice, then
+vaccinates it (``vaccinate_source``, every function and the module code:
+``Selection(entries=("**",), module_level=True)``) and runs it once more, each
+time in a fresh namespace with stdout captured.  Each run's outcome (stdout,
+exception type and message, the program's lines in its traceback, exit status)
+goes back to the parent over a pipe as soon as it is known; the parent kills
+the child when a run takes longer than its budget.
+
+Verdicts: ``same``; ``differs`` (the plain runs agree, the vaccinated one does
+not); ``unstable`` (the two plain runs differ: ids, addresses that survive the
+normalisation, ... -- not compared); ``slow`` (a plain run over budget -- not
+compared).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+
+# (imported before the fork: each child starts with daifu loaded)
+from daifu.cells import Selection, options, vaccinate_source
+from daifu.engine import ENGINE
+
+FILENAME = "/daifu-fuzz/program.py"
+STEPS = 5000  # loop iterations and function calls (__guard__) per run
+MEMORY = 1 << 30  # the child's address space (bytes) on top of what it has at fork
+
+
+class Budget(BaseException):
+    """A run used its ``STEPS``."""
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def _outcome(code, exc_limit: int = 2000) -> dict:
+    steps = [0]
+
+    def guard():
+        steps[0] += 1
+        if steps[0] > STEPS:
+            raise Budget("steps")
+
+    namespace = {"__name__": "__main__", "__file__": FILENAME, "__guard__": guard,
+                 "__builtins__": __builtins__}
+    out = io.StringIO()
+    exc = None
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(code, namespace)
+        except BaseException as caught:  # noqa: BLE001 - compared
+            exc = caught
+    result = {"stdout": _ADDRESS.sub("0x?", out.getvalue())[:20000]}
+    if exc is None:
+        result.update(exception=None, status=0)
+        return result
+    if isinstance(exc, SystemExit):
+        code_ = exc.code
+        status = 0 if code_ is None else code_ if isinstance(code_, int) else 1
+    else:
+        status = 1
+    lines = [line for frame, line in traceback.walk_tb(exc.__traceback__)
+             if frame.f_code.co_filename == FILENAME]
+    try:
+        message = _ADDRESS.sub("0x?", str(exc))[:exc_limit]
+    except BaseException as bad:  # noqa: BLE001 - str() of a generated exception may fail
+        message = f"<str() raised {type(bad).__name__}>"
+    result.update(exception=type(exc).__name__, message=message, lines=lines, status=status)
+    return result
+
+
+def _child(source: str, write_fd: int) -> None:
+    os.setpgid(0, 0)  # (the parent kills the group)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    limit = usage + MEMORY
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == -1 else min(limit, hard), hard))
+    # no console, no waiting, no checkpoint for a crash daifu gives up
+    os.environ.update(DAIFU_CONSOLE="0", DAIFU_WAIT="0", DAIFU_CHECKPOINT="0")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # (daifu's reports of the crashes it gives up)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+    def send(obj):
+        os.write(write_fd, (json.dumps(obj) + "\n").encode())
+
+    import warnings
+
+    warnings.simplefilter("ignore")
+    sys.setrecursionlimit(1000)
+    try:
+        code = compile(source, FILENAME, "exec", dont_inherit=True)
+        send(_outcome(code))
+        send(_outcome(code))
+        # as `python -m daifu` has it (the test suite's conftest makes a
+        # function that cannot be vaccinated an error, and turns off the cache)
+        options.strict, options.dump, options.cache = False, None, None
+        ENGINE.reset()
+        vcode, report = vaccinate_source(source, FILENAME, Selection(("**",), True),
+                                         module="__main__")
+        if report.skipped:
+            send({"skipped": [list(s) for s in report.skipped]})
+        send(_outcome(vcode))
+    except BaseException as exc:  # noqa: BLE001 - the harness failed: said, never hidden
+        send({"harness": f"{type(exc).__name__}: {exc}",
+              "traceback": traceback.format_exc()[-3000:]})
+    finally:
+        os._exit(0)
+
+
+def run(source: str, budget: float = 2.0) -> dict:
+    """Run ``source`` plain twice and vaccinated once; ``{"verdict": ...,
+    "plain": outcome, "vaccinated": outcome}``.  ``budget``: seconds a plain
+    run may take (the vaccinated one gets 3 times as much, plus a second)."""
+    import linecache
+
+    linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(source, write_fd)
+    os.close(write_fd)
+    results: list[dict] = []
+    buffer = b""
+    started = time.monotonic()
+    killed = False
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        while True:
+            phase = len([r for r in results if "stdout" in r])
+            limit = budget * (1 + phase) if phase < 2 else budget * 2 + 3 * budget + 1
+            left = started + limit - time.monotonic()
+            if left <= 0:
+                killed = True
+                break
+            ready, _, _ = select.select([pipe], [], [], left)
+            if not ready:
+                continue
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            results.extend(json.loads(line) for line in lines if line)
+    if killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return _verdict(results, killed, status)
+
+
+def _verdict(results: list[dict], killed: bool, status: int) -> dict:
+    harness = [r for r in results if "harness" in r]
+    skipped = [r["skipped"] for r in results if "skipped" in r]
+    runs = [r for r in results if "stdout" in r]
+    signalled = os.WIFSIGNALED(status) and not killed
+    end = (f"killed by signal {os.WTERMSIG(status)}" if signalled
+           else "over its time budget" if killed else None)
+    verdict: dict = {"plain": runs[0] if runs else None,
+                     "vaccinated": runs[2] if len(runs) > 2 else None}
+    if skipped:
+        verdict["skipped"] = skipped[0]
+    if len(runs) < 2:
+        verdict["verdict"] = "slow" if killed else "harness"
+        verdict["why"] = end or (harness[0] if harness else "no result")
+    elif runs[0] != runs[1]:
+        verdict["verdict"] = "unstable"
+    elif len(runs) < 3:
+        # the plain runs ended, the vaccinated one did not: its harness failed
+        # (daifu's rewrite raised), it died, or it took far longer
+        verdict["verdict"] = "differs"
+        verdict["why"] = end or (harness[0] if harness else "no result")
+    elif runs[2] != runs[0]:
+        verdict["verdict"] = "differs"
+        verdict["why"] = "outcome"
+    else:
+        verdict["verdict"] = "same"
+    return verdict
+
+
+def explain(verdict: dict, limit: int = 1500) -> str:
+    """Plain vs vaccinated, for a failure message."""
+    def show(outcome):
+        if outcome is None:
+            return "None"
+        return json.dumps({k: v[:limit] + "..." * (len(v) > limit) if isinstance(v, str) else v
+                           for k, v in outcome.items()}, indent=1)
+
+    return (f"{verdict['verdict']} ({str(verdict.get('why', ''))[:limit]})\n"
+            f"plain:      {show(verdict['plain'])}\n"
+            f"vaccinated: {show(verdict['vaccinated'])}")

@@ -1,0 +1,190 @@
+"""The programs: pysource-codegen's, made to run.
+
+pysource-codegen (a random generator of valid Python code, from PyPI) makes
+programs over six names, ``name_0`` .. ``name_5``, that are never defined: as
+they come, nearly every one ends at its first statement with a NameError.
+Each seed gives one generated program and two programs made from it:
+
+* ``plain``: a prelude binds the six names (an int, a list, a str, a dict,
+  a function, an object with attributes and dunders), then the generated code
+  runs as it is; the first exception nobody handles ends it.
+* ``driven``: the same, but every statement of every body is wrapped in
+  ``try: ... except Exception as e: print(...)`` (the program goes on after a
+  failing statement, and the exceptions are raised and handled inside the
+  functions, where daifu's barrier and stubs are), and an epilogue calls each
+  function and class the program left in ``name_0`` .. ``name_5`` and drives
+  what they return (generators, coroutines, async generators).
+
+Both get a loop guard: ``__guard__()`` at the top of every loop body and
+function body ends the program with ``Budget`` (a BaseException) after a fixed
+number of steps, so a program that would loop forever ends deterministically.
+``__guard__`` and ``Budget`` are given by the harness (tests/fuzz/compare.py),
+never vaccinated.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+
+PRELUDE = '''\
+def name_4(*args, **kwargs):
+    return len(args) + len(kwargs)
+
+
+class _Thing:
+    name_0 = 0
+    name_1 = 1
+    name_2 = "s"
+    name_3 = [1, 2]
+    name_4 = None
+    name_5 = (3,)
+
+    def __call__(self, *args, **kwargs):
+        return args
+
+    def __iter__(self):
+        return iter([1, 2, 3])
+
+    def __getitem__(self, key):
+        return key
+
+    def __len__(self):
+        return 2
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __repr__(self):
+        return "Thing"
+
+
+name_0 = 3
+name_1 = [0, 1, 2]
+name_2 = "ab"
+name_3 = {0: 1, "a": [2]}
+name_5 = _Thing()
+'''
+
+EPILOGUE = '''
+def __drive__(value, depth=0):
+    import types
+    if isinstance(value, types.GeneratorType):
+        for _, item in zip(range(20), value):
+            print("  item", repr(item))
+    elif isinstance(value, types.CoroutineType):
+        for _ in range(20):
+            value.send(None)
+    elif isinstance(value, types.AsyncGeneratorType):
+        for _ in range(5):
+            step = value.asend(None)
+            for _ in range(20):
+                step.send(None)
+    else:
+        print("  ->", repr(value)[:200])
+
+
+for __name in ("name_0", "name_1", "name_2", "name_3", "name_4", "name_5"):
+    __value = globals().get(__name)
+    if callable(__value) and not isinstance(__value, type(print)):
+        for __args in ((), (1,), ([1, 2], "x")):
+            print("call", __name, len(__args))
+            try:
+                __drive__(__value(*__args))
+            except StopIteration as __exc:
+                print("  stop", repr(__exc.value)[:200])
+            except Exception as __exc:
+                print("  raised", type(__exc).__name__, str(__exc)[:200])
+'''
+
+
+def _guard() -> ast.stmt:
+    return ast.Expr(ast.Call(ast.Name("__guard__", ast.Load()), [], []))
+
+
+def _catch(stmt: ast.stmt) -> ast.stmt:
+    """``try: stmt except Exception as __e: print("!", LINE, type(__e).__name__, __e)``"""
+    report = ast.parse(
+        f"print('!', {stmt.lineno}, type(__e).__name__, str(__e)[:200])").body[0]
+    return ast.Try(body=[stmt], handlers=[ast.ExceptHandler(
+        ast.Name("Exception", ast.Load()), "__e", [report])], orelse=[], finalbody=[])
+
+
+class _Transform(ast.NodeTransformer):
+    def __init__(self, catch: bool):
+        self.catch = catch
+
+    def _body(self, body: list[ast.stmt], guard: bool) -> list[ast.stmt]:
+        out: list[ast.stmt] = [_guard()] if guard else []
+        for stmt in body:
+            stmt = self.visit(stmt)
+            keep = (isinstance(stmt, ast.Global | ast.Nonlocal | ast.Pass)
+                    or (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"))
+            out.append(stmt if not self.catch or keep else _catch(stmt))
+        return out
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        loop = isinstance(node, ast.For | ast.AsyncFor | ast.While)
+        function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                setattr(node, field, self._body(body, guard=(loop or function)
+                                                 and field == "body"))
+        for field, value in ast.iter_fields(node):
+            if field in ("body", "orelse", "finalbody") and isinstance(value, list) \
+                    and value and isinstance(value[0], ast.stmt):
+                continue
+            if isinstance(value, list):
+                setattr(node, field, [self.visit(v) if isinstance(v, ast.AST) else v
+                                      for v in value])
+            elif isinstance(value, ast.AST):
+                setattr(node, field, self.visit(value))
+        return node
+
+
+def make(generated: str, driven: bool) -> str | None:
+    """The runnable program made from ``generated`` (None: it does not compile
+    once transformed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            tree = ast.parse(generated)
+        except SyntaxError:
+            return None
+        future = [s for s in tree.body if isinstance(s, ast.ImportFrom)
+                  and s.module == "__future__"]
+        # (a module's ``global`` changes nothing, but after the prelude's
+        # assignments it is a SyntaxError)
+        tree.body = [s for s in tree.body if s not in future and not isinstance(s, ast.Global)]
+        tree = _Transform(catch=driven).visit(tree)
+        tree.body = [*future, *ast.parse(PRELUDE).body, *tree.body,
+                     *(ast.parse(EPILOGUE).body if driven else [])]
+        ast.fix_missing_locations(tree)
+        try:
+            source = ast.unparse(tree)
+            compile(source, "<fuzz>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+    return source
+
+
+def generate(seed: int) -> str:
+    """pysource-codegen's program for ``seed`` (small: a few dozen statements)."""
+    from pysource_codegen import generate as codegen
+
+    return codegen(seed, node_limit=200, depth_limit=5)
+
+
+def programs(seed: int) -> list[tuple[str, str]]:
+    """``[(kind, source), ...]``: the programs made from seed ``seed``."""
+    generated = generate(seed)
+    out = []
+    for kind in ("plain", "driven"):
+        source = make(generated, driven=kind == "driven")
+        if source is not None:
+            out.append((kind, source))
+    return out
