@@ -60,6 +60,23 @@ bench: setup
 scenarios: setup $(VENV)/.frameworks
 	$(PY) -m tests.scenarios.run --table docs/benchmark.md
 
+.PHONY: soak-full fuzz
+
+## soak-full: the whole more-itertools and attrs suites (their sdists' tests), plain and
+## vaccinated, on 3.11 and 3.13 (`make test` runs a fixed slice of each; ~6 minutes a Python)
+soak-full: setup
+	$(PY) -m tests.sdists
+	DAIFU_SOAK_FULL=1 $(PY) -m pytest tests/test_soak.py -k sdist -q
+	DAIFU_SOAK_FULL=1 $(VENV313)/bin/python -m pytest tests/test_soak.py -k sdist -q
+
+## fuzz: generated programs (pysource-codegen) run plain and vaccinated until N are compared,
+## one after the other in one process; differences shrunk into .cache/fuzz/findings.txt
+## (CPython 3.11; FUZZ_PY=.venv-3.13/bin/python for 3.13).  `make test` runs a fixed slice
+N ?= 20000
+FUZZ_PY ?= $(PY)
+fuzz: setup
+	$(FUZZ_PY) -m tests.fuzz.run -n $(N)
+
 ## lint: ruff and mypy (what CI runs before the tests)
 lint: setup
 	$(PY) -m pip install --quiet ruff mypy

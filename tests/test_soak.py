@@ -4,7 +4,10 @@
 every other function vaccinated at its first call) and
 ``networkx`` (``'*'``: every function with a loop, ~1000 functions, ~5800
 tests) run under ``python -m daifu -m pytest --pyargs``; toolz also a second
-time with every module loaded from the code cache.
+time with every module loaded from the code cache.  ``more-itertools`` and
+``attrs`` (``'**'``), whose tests ship only in their sdists, run plain and
+vaccinated and must give the same pytest summary (a fixed slice in ``make
+test``, the whole suites under ``make soak-full``).
 """
 
 from __future__ import annotations
@@ -71,4 +74,91 @@ def test_networkx_suite_passes_vaccinated(tmp_path):
     assert passed >= 5000
     assert functions >= 900
     assert skipped == []
+    assert not [e for e in events if e["event"] == "daifu.internal_error"]
+
+
+# -- suites that ship only in the sdist: more-itertools (generators, exceptions)
+# and attrs (classes, decorators, generated methods) --
+#
+# Each runs twice, plain and with the package vaccinated (every function,
+# --entry '**'), on the installed pinned version with the tests of its sdist
+# (tests/sdists.py downloads it once into .cache/sdists/).  `make test` runs a
+# fixed slice (each suite's slowest tests left out: a few seconds each);
+# DAIFU_SOAK_FULL=1 (`make soak-full`) runs each suite whole.
+
+FULL = os.environ.get("DAIFU_SOAK_FULL") == "1"
+
+# (the plain run fails it too on 3.11.7: it expects the return annotation of
+# the converter's __call__, which attrs copies only on newer Pythons)
+ATTRS_PLAIN_FAILS = ["tests/test_converters.py::TestPipe::test_wrapped_annotation"]
+
+SDIST_SUITES = {
+    # name: (modules vaccinated, {module: at least N functions vaccinated},
+    #        the slice's options, options of both runs)
+    "more-itertools": (
+        "more_itertools", {"more_itertools.more": 200, "more_itertools.recipes": 60},
+        # the slowest tests (numeric loops: 90% of the suite's time)
+        [f"--deselect=tests/{t}" for t in (
+            "test_recipes.py::PrimeFunctionTests::test_primes",
+            "test_recipes.py::PrimeFunctionTests::test_nth_prime_approximate",
+            "test_recipes.py::PolynomialFromRootsTests::test_large",
+            "test_more.py::DiscreteFourierTransformTests::test_roundtrip",
+            "test_more.py::TestConcurrentTee::test_concurrent_consumers",
+            "test_more.py::ExtractTests::test_all_orderings",
+            "test_more.py::TestSerialize::test_concurrent_calls",
+            "test_more.py::TestRandomOrderedRange::test_lcg_mitigation")],
+        []),
+    "attrs": (
+        "attr,attrs", {"attr._make": 100, "attr.validators": 40, "attr.converters": 5,
+                       "attr._funcs": 5},
+        # the hypothesis-driven files (test_make's and test_funcs': 80% of the time)
+        ["--ignore=tests/test_make.py", "--ignore=tests/test_funcs.py",
+         "--ignore=tests/test_3rd_party.py"],
+        ["--hypothesis-seed=0", *(f"--deselect={t}" for t in ATTRS_PLAIN_FAILS)]),
+}
+
+
+def _summary(stdout: str) -> str:
+    """pytest's last line less its time: '757 passed, 8 deselected, 3824 subtests passed'."""
+    lines = [line for line in stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    return re.sub(r" in [\d.]+s.*$", "", lines[-1].strip("= ")) if lines else ""
+
+
+@pytest.mark.parametrize("name", list(SDIST_SUITES))
+def test_sdist_suite_passes_vaccinated(tmp_path, name):
+    from .sdists import SdistError, unpacked
+
+    modules, expected, slice_options, options = SDIST_SUITES[name]
+    try:
+        sdist = unpacked(name)
+    except SdistError as exc:
+        pytest.fail(f"the tests of {name} are not here: {exc}")
+    # (--deselect takes node ids of the rootdir, the sdist; --ignore paths;
+    # the runs' own files -- .hypothesis/ -- go to tmp_path)
+    chosen = [*options, *([] if FULL else slice_options)]
+    args = ["-m", "pytest", str(sdist / "tests"), "--rootdir", str(sdist), "-q",
+            "-p", "no:cacheprovider", "-x",
+            *(o.replace("=tests/", f"={sdist}/tests/") if o.startswith("--ignore") else o
+              for o in chosen)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
+    timeout = 1800 if FULL else 600
+    plain = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    assert plain.returncode == 0, "plain run fails:\n" + plain.stdout[-3000:] + plain.stderr[-3000:]
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "daifu", "--modules", modules, "--entry", "**", "--log", str(log),
+         "--log-level", "debug", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _summary(proc.stdout) == _summary(plain.stdout) != "", (plain.stdout[-500:],
+                                                                  proc.stdout[-500:])
+    passed = int(re.search(r"(\d+) passed", _summary(proc.stdout)).group(1))
+    assert passed >= (700 if name == "more-itertools" else 1000)
+    events = read_events(log)
+    vaccinated = {e["module"]: len(e["functions"]) for e in events
+                  if e["event"] == "module.vaccinated"}
+    too_few = {m: vaccinated.get(m, 0) for m, n in expected.items() if vaccinated.get(m, 0) < n}
+    assert not too_few, f"functions vaccinated: {vaccinated}"
+    assert not [s for e in events if e["event"] == "module.vaccinated" for s in e["skipped"]]
     assert not [e for e in events if e["event"] == "daifu.internal_error"]
