@@ -51,6 +51,22 @@ def train_lookup_after():
         scale = TABLE[step]
         all_reduce(scale)
         LOG.append((step, scale))
+
+ACCS = {1: 0.5}
+
+def epoch_end():
+    for epoch in range(2):
+        all_reduce(epoch)
+        acc = ACCS[epoch]
+        all_reduce(acc)
+        LOG.append((epoch, acc))
+
+def epoch_log():
+    for epoch in range(2):
+        all_reduce(epoch)
+        acc = ACCS[epoch]
+        if acc > 0:
+            LOG.append((epoch, round(acc, 2)))
 '''
 
 
@@ -170,6 +186,54 @@ def test_a_refused_retry_names_the_skip_that_is_safe(rank_one):
         ns["train"]()
     reason = _rejected(logs)[0]
     assert "already ran all_reduce" in reason and "skip is safe on this rank alone" in reason
+
+
+def test_a_first_pass_continue_past_a_collective_not_seen_yet_is_refused(rank_one):
+    """In the first pass through the loop the flight recorder has not seen the
+    collective further down the body (an epoch-end all_reduce): the source
+    says it is there.  Code that calls nothing but builtins may be left out."""
+    ns = rank_one
+
+    @daifu.on(KeyError, where="epoch_end")
+    def drop(crash):
+        return daifu.CONTINUE
+
+    @daifu.on(KeyError, where="epoch_log")
+    def drop_log(crash):
+        return daifu.CONTINUE
+
+    with capture_logs() as logs, crashes(KeyError):
+        ns["epoch_end"]()
+    reason = _rejected(logs)[0]
+    assert "going on with the loop's next item on rank 1 alone would leave out " \
+        "all_reduce(acc) at line 41, which may run a collective" in reason, reason
+    assert ns["LOG"] == []
+    with capture_logs() as logs:
+        ns["epoch_log"]()
+    assert not _rejected(logs)
+    assert ns["LOG"] == [(1, 0.5)]
+
+
+def test_a_call_into_torch_distributed_is_known_for_a_collective(rank_one):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    ns = vaccinate('''
+import torch.distributed as dist
+ACCS = {}
+
+def evaluate():
+    for epoch in range(2):
+        acc = ACCS[epoch]
+        dist.all_reduce(acc)
+''', lazy=True)
+
+    @daifu.on(KeyError, where="evaluate")
+    def drop(crash):
+        return daifu.CONTINUE
+
+    with capture_logs() as logs, crashes(KeyError):
+        ns["evaluate"]()
+    assert "would leave out dist.all_reduce(acc) at line 8, a collective the other ranks " \
+        "run" in _rejected(logs)[0]
 
 
 def test_without_the_flight_recorder_rank_local_decisions_are_refused(rank_one, monkeypatch):

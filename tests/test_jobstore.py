@@ -99,7 +99,8 @@ def test_a_command_is_taken_once_and_only_while_fresh(job_store):
 
     def push(ident: str, issued: float, reply: str) -> None:
         server.queue_push(queue, _seal.seal(key, "cmd|j|0", {
-            "op": "status", "id": ident, "t": issued, "reply": reply}))
+            "op": "status", "id": ident, "t": issued, "deadline": issued + 60,
+            "reply": reply}))
 
     push("once", time.time(), "daifu/relay/j/r/a")
     push("once", time.time(), "daifu/relay/j/r/b")  # the same command again: a replay
@@ -120,15 +121,158 @@ def test_a_command_whose_client_stopped_waiting_is_dropped_unanswered(job_store)
     for op, reply in (("status", "gone"), ("send", "sent")):
         server.queue_push(_jobstore._queue("j", 0), _seal.seal(channel.key, "cmd|j|0", {
             "op": op, "cmd": "continue", "id": op, "t": time.time(),
-            "reply": f"daifu/relay/j/r/{reply}", "live": f"daifu/relay/j/r/{reply}/live"}))
+            "deadline": time.time() + 60, "seq": 1, "reply": f"daifu/relay/j/r/{reply}",
+            "live": f"daifu/relay/j/r/{reply}/live"}))
     assert channel.ask(None, {"op": "status"}, 5.0)[0]["state"] == "running"
     assert server.queue_len("daifu/relay/j/r/gone") == 0
-    # ... but a decision is always handed on (a job-wide one must reach every
-    # rank): here it is refused, as this process waits on no crash
-    assert server.queue_len("daifu/relay/j/r/sent") == 1
+    # ... and a command that acts is never run once its sender stopped waiting
+    # (it could not confirm it: ``Relay._confirmed``)
+    assert server.queue_len("daifu/relay/j/r/sent") == 0
     keys = server.num_keys()
     assert channel.ask(None, {"op": "status"}, 5.0)
     assert server.num_keys() == keys  # a client leaves nothing behind in the store
+
+
+class _Thief:
+    """A client's store connection, with another user in the middle: what the
+    client pushes onto a rank's queue is popped (``held``) before the rank
+    sees it, while ``stealing``; the keys it sets are seen (``names``)."""
+
+    def __init__(self, store, queues):
+        self.store, self.queues, self.stealing = store, queues, True
+        self.held: list[bytes] = []
+        self.names: list[str] = []
+
+    def queue_push(self, name, value):
+        if self.stealing and name in self.queues:
+            self.held.append(value.encode() if isinstance(value, str) else value)
+            return None
+        return self.store.queue_push(name, value)
+
+    def set(self, name, value):
+        self.names.append(name)
+        return self.store.set(name, value)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def waiting_rank(job_store, monkeypatch):
+    """The relay's process waits on a crash: its control socket takes
+    commands (listed in ``ran``, answered at once).  Drops are named in every
+    event (not at most one every few seconds)."""
+    import threading
+
+    from daifu.engine._control import ControlServer
+
+    server, channel, _jobstore = job_store
+    monkeypatch.setattr(_jobstore.dropped, "EVERY_S", 0.0)
+    monkeypatch.setattr(_jobstore, "_GO_WAIT_S", 1.0)
+    control = ControlServer({"pid": os.getpid(), "since": time.time()}, "report", False)
+    control.start()
+    ran: list[str] = []
+
+    def serve():
+        while (request := control.requests.get()) is not None:
+            ran.append(request.text)
+            request.reply = {"ok": True, "output": f"ran {request.text}"}
+            request.done.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server, channel, _jobstore, ran
+    control.requests.put(None)  # type: ignore[arg-type]
+    control.stop()
+    thread.join(5)
+
+
+def _dropped(logs) -> list[str]:
+    return [f"{e['key']}: {e['reason']}" for e in logs if e["event"] == "store.dropped"]
+
+
+def test_a_command_held_back_in_the_store_never_runs_after_its_sender_was_told(waiting_rank):
+    """Another user pops the owner's ``exec`` from rank 0's queue; the owner's
+    ``send`` is told it was not delivered, and its command never runs when it
+    is pushed back later -- nor when it is replayed, or moved to another rank."""
+    from daifu.engine._events import capture
+
+    server, channel, _jobstore, ran = waiting_rank
+    queue = _jobstore._queue("j", 0)
+    thief = _Thief(channel.store, {queue, _jobstore._queue("j", 1)})
+    channel.store = thief
+    with capture() as logs:
+        told = channel.ask([0], {"op": "send", "cmd": "exec\nPWNED = 1\n"}, 1.0)[0]
+        assert told["ok"] is False and told["delivered"] is False
+        assert told["error"].startswith("not delivered: rank 0 did not take it within 1s")
+        assert "cancelled, it will never run" in told["error"]
+        command, cancel = thief.held  # (the sealed cancel was popped too)
+        # pushed back later, with the client's "still waiting" key made again
+        # and its cancel removed: the rank asks its sender to confirm, nobody
+        # does, it is not run
+        live = next(n for n in thief.names if n.endswith("/live"))
+        server.set(live, b"1")
+        for name in thief.names:
+            if "/go/" in name:
+                server.delete_key(name)
+        server.queue_push(queue, command)
+        server.queue_push(queue, command)  # and once more: a replay
+        thief.stealing = False
+        assert channel.ask([0], {"op": "status"}, 5.0)[0]["pid"] == os.getpid()
+        assert ran == []
+        # with the cancel delivered first, a command held back is void at once
+        thief.stealing = True
+        channel.ask([0], {"op": "send", "cmd": "exec\nPWNED = 2\n"}, 0.5)
+        command2, cancel2 = thief.held[2:]
+        server.queue_push(queue, cancel2)
+        server.queue_push(queue, command2)
+        # moved: a command sealed for rank 1 pushed onto rank 0's queue
+        channel.world = 2
+        channel.ask([1], {"op": "send", "cmd": "exec\nPWNED = 3\n"}, 0.5)
+        server.queue_push(queue, thief.held[4])
+        thief.stealing = False
+        assert channel.ask([0], {"op": "status"}, 5.0)
+    assert ran == []
+    reasons = _dropped(logs)
+    assert any(r.startswith(f"{queue}: unconfirmed: its sender did not confirm it within 1s")
+               for r in reasons), reasons
+    assert any(r.startswith(f"{queue}: replayed") for r in reasons), reasons
+    assert any(r.startswith(f"{queue}: cancelled by its sender") for r in reasons), reasons
+    assert any(r.startswith(f"{queue}: not sealed for rank 0 of this job") for r in reasons), \
+        reasons
+    # the sender is told the truth when it is delivered: applied, with the answer
+    told = channel.ask([0], {"op": "send", "cmd": "p 1"}, 5.0)[0]
+    assert told["ok"] and told["delivered"] and told["output"] == "ran p 1"
+    assert ran == ["p 1"]
+
+
+def test_a_command_older_than_one_already_taken_is_not_taken(waiting_rank):
+    """Commands that act carry the job's sequence number for their rank: one
+    held back while a later one was taken is dropped, its sender told so."""
+    from daifu.engine._events import capture
+
+    server, channel, _jobstore, ran = waiting_rank
+    queue = _jobstore._queue("j", 0)
+    thief = _Thief(channel.store, {queue})
+    channel.store = thief
+    import threading
+
+    told: dict = {}
+    with capture() as logs:
+        first = threading.Thread(target=lambda: told.update(
+            channel.ask([0], {"op": "send", "cmd": "p 'first'"}, 5.0)))
+        first.start()
+        deadline = time.monotonic() + 5
+        while not thief.held:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        thief.stealing = False
+        later = channel.ask([0], {"op": "send", "cmd": "p 'later'"}, 5.0)[0]
+        server.queue_push(queue, thief.held[0])  # the first one, after the later one ran
+        first.join()
+    assert later["ok"] and ran == ["p 'later'"]
+    assert told[0]["delivered"] is False and "superseded" in told[0]["error"]
+    assert any("superseded: command #1 came after #2 was taken" in r for r in _dropped(logs))
 
 
 def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
@@ -258,3 +402,119 @@ def test_a_command_that_comes_while_a_rank_exits_does_not_kill_it(tmp_path, monk
         child.kill()
     assert child.returncode == 0, err
     assert "terminate called" not in err
+
+
+# -- job decisions agreed in the store (``_distributed.agree``) ---------------------------
+
+
+@pytest.fixture
+def rank_zero_of_two(tmp_path, monkeypatch):
+    """This process is rank 0 of a job of two ranks whose store is a TCPStore;
+    yields (the store, a client of another user -- a plain store client,
+    without the key --, a crash to decide on)."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from daifu.engine import _distributed, _jobstore
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "agree"),
+                        ("DAIFU_AGREE_TIMEOUT", "1")):
+        monkeypatch.setenv(name, value)
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(_distributed, "_group", lambda: object())
+    monkeypatch.setattr(_distributed, "_world", lambda: (server, 2, 0))
+    monkeypatch.setattr(_distributed, "_KEY", [])
+    monkeypatch.setattr(_distributed, "_rounds", 0)
+    monkeypatch.setattr(_distributed, "_job_reason", lambda decision, crash: None)
+    monkeypatch.setattr(_jobstore.dropped, "EVERY_S", 0.0)
+    other = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    yield server, other, SimpleNamespace(where="train.py:9", statement="x = step()")
+
+
+def test_a_forged_agreement_is_dropped_and_the_refused_decision_stays_refused(
+        rank_zero_of_two):
+    """The other user writes rank 1's answer to rank 0's job-wide retry (rank 1
+    is not at that crash): in the clear, as rank 0's sealed answer moved to
+    rank 1's place, and as a genuine answer of rank 1 from an earlier attempt.
+    Each is dropped and the retry refused; with rank 1 really there it is agreed."""
+    import threading
+
+    from daifu._errors import PatchError
+    from daifu.engine import _distributed
+    from daifu.engine._decision import RETRY
+    from daifu.engine._events import capture
+
+    server, other, crash = rank_zero_of_two
+    theirs = "daifu/agree/1/1"
+    other.set(theirs, "train.py:9|x = step()|retry")  # (what rank 0 posted before: its text)
+    other.set("daifu/at-crash/1", "1")
+    with capture() as logs, pytest.raises(PatchError, match="not every rank of the job took it"
+                                          ) as refused:
+        _distributed.agree(RETRY, crash)
+    assert "daifu/agree/1/1" in str(refused.value)
+    assert any(r.startswith("daifu/agree/1/1: not sealed for rank 1's agree of round 1")
+               for r in _dropped(logs)), _dropped(logs)
+    assert any(r.startswith("daifu/at-crash/1: not sealed") for r in _dropped(logs))
+
+    def move() -> None:  # rank 0's own sealed answer, copied to rank 1's place
+        import datetime
+
+        other.wait(["daifu/agree/1/0"], datetime.timedelta(seconds=10))
+        other.set(theirs, other.get("daifu/agree/1/0"))
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    with capture() as logs, pytest.raises(PatchError, match="not every rank"):
+        _distributed.agree(RETRY, crash)
+    mover.join()
+    assert any(r.startswith("daifu/agree/1/1: not sealed") for r in _dropped(logs))
+    # a genuine answer of rank 1 from an earlier attempt of the round, replayed
+    # (this user's key made it: rank 1 sealed it then)
+    key, job = _distributed._key(), "agree"
+    other.set(theirs, _seal.seal(key, f"agree|{job}|1|1", {
+        "what": "train.py:9|x = step()|retry", "nonce": "earlier", "refuse": ""}))
+    other.set(f"{theirs}/seen", _seal.seal(key, f"seen|{job}|1|1", {
+        "nonces": {"0": "before", "1": "earlier"}}))
+    with pytest.raises(PatchError, match="not every rank"):
+        _distributed.agree(RETRY, crash)
+    assert _distributed._rounds == 0  # (no round happened)
+    # rank 1 at the same crash, taking the same decision: agreed
+    import torch.distributed as dist
+
+    rank1 = _distributed._Meeting(dist.TCPStore("127.0.0.1", server.port, is_master=False),
+                                  key, job, 1, 2, 1)
+    done: list = []
+    peer = threading.Thread(target=lambda: done.append(
+        rank1.run("train.py:9|x = step()|retry", "", 10.0)))
+    peer.start()
+    _distributed.agree(RETRY, crash)
+    peer.join()
+    assert sorted(done[0]) == [0, 1] and _distributed._rounds == 1
+
+
+def test_a_job_wide_decision_one_rank_cannot_take_is_refused_on_every_rank(rank_zero_of_two,
+                                                                         monkeypatch):
+    """One rank's reason to refuse (its statement already ran a collective)
+    travels with its answer: every rank refuses, at once."""
+    import threading
+
+    import torch.distributed as dist
+
+    from daifu._errors import PatchError
+    from daifu.engine import _distributed
+    from daifu.engine._decision import RETRY
+
+    server, _, crash = rank_zero_of_two
+    rank1 = _distributed._Meeting(dist.TCPStore("127.0.0.1", server.port, is_master=False),
+                                  _distributed._key(), "agree", 1, 2, 1)
+    peer = threading.Thread(target=lambda: rank1.run(
+        "train.py:9|x = step()|retry", "rank 1 ran all_reduce already", 10.0))
+    peer.start()
+    with pytest.raises(PatchError, match="retry for all ranks refused: rank 1 ran all_reduce"):
+        _distributed.agree(RETRY, crash)
+    peer.join()

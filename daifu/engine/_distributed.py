@@ -31,11 +31,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from ._decision import CONTINUE, RETRY, SKIP, Decision
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
+    import ast
     from typing import Any
 
     from ._crash import Crash
@@ -265,10 +267,6 @@ def _reason(decision: Decision, crash: Crash, entries) -> str | None:
                     f"{_rank()} before it failed; running it again would run that collective "
                     f"twice while the other ranks have gone past it")
         return None
-    if not here:
-        return (f"{decision.value} on rank {_rank()} alone: this rank has no record yet of "
-                f"the collectives {crash.function}() runs, so daifu cannot tell whether "
-                f"the other ranks wait for one that {decision.value} would leave out")
     if decision is SKIP:
         # what the statement ran before it failed is done; what it would have
         # run after the failing point (as an earlier iteration ran it) is left out
@@ -276,7 +274,7 @@ def _reason(decision: Decision, crash: Crash, entries) -> str | None:
         if left_out:
             return (f"skipping the failing statement on rank {_rank()} alone would leave out "
                     f"{_name(left_out[-1])}, which it runs and the other ranks wait in")
-        return None
+        return _unseen(decision, crash, here)
     ran = {id(e) for e in in_statement if _issued_in_this_run(e, crash)}
     left_out = [(line, e) for e, line in here if line > last] + \
         [(line, e) for e, line in here if first <= line <= last and id(e) not in ran]
@@ -285,7 +283,295 @@ def _reason(decision: Decision, crash: Crash, entries) -> str | None:
         line, entry = min(left_out, key=lambda item: (item[0], -item[1].get("record_id", 0)))
         return (f"going on with the loop's next item on rank {_rank()} alone would leave out "
                 f"{_name(entry)} at line {line}, which the other ranks run in this iteration")
+    return _unseen(decision, crash, here)
+
+
+def _unseen(decision: Decision, crash: Crash, here: list) -> str | None:
+    """Why ``decision`` may leave out a collective the flight recorder has not
+    seen yet (a first pass through the loop): a call in what it leaves out
+    that is, or may reach, ``torch.distributed`` (``_left_out``)."""
+    what = ("skipping the rest of the failing statement" if decision is SKIP else
+            "going on with the loop's next item")
+    calls = _left_out(decision, crash)
+    if calls is None:
+        if here:
+            return None  # (no source to read: the recorder's word, as it saw the code run)
+        return (f"{decision.value} on rank {_rank()} alone: this rank has no record yet of "
+                f"the collectives {crash.function}() runs, and its source cannot be read, "
+                f"so daifu cannot tell whether the other ranks wait for one that "
+                f"{decision.value} would leave out")
+    if not calls:
+        return None
+    line, text, verdict = next((c for c in calls if c[2] == "collective"), calls[0])
+    if verdict == "collective":
+        return (f"{what} on rank {_rank()} alone would leave out {text} at line {line}, a "
+                f"collective the other ranks run")
+    return (f"{what} on rank {_rank()} alone would leave out {text} at line {line}, which "
+            f"may run a collective the other ranks wait in (daifu cannot tell that it runs "
+            f"none, and this rank has no record of it running yet)")
+
+
+# -- what the code a decision leaves out may run (read from the source) -----------------
+#
+# The flight recorder knows only the collectives this rank has issued: in the
+# first pass through a loop, a collective further down the loop body (an
+# epoch-end all_reduce) is not in it yet.  So what a rank-local skip or
+# continue leaves out is also read from the source: every call in it is
+# resolved in the crashed frame (without running anything: attributes are
+# looked up statically) and judged.  Only code made of calls that cannot reach
+# ``torch.distributed`` -- builtins, methods of builtin types and tensors,
+# the standard library -- is left out on one rank alone.
+
+#: where collectives live (a call into these issues one)
+_COLLECTIVE = ("torch.distributed", "torch.nn.parallel", "torch._C._distributed")
+#: parts of torch besides its C operators known to issue none
+_NO_COLLECTIVE = ("torch.autograd.grad_mode", "torch.amp.autocast_mode",
+                  "torch.utils._contextlib", "torch._tensor_str")
+_UNKNOWN = object()
+
+
+def _module_verdict(module: str) -> str:
+    if module.startswith(_COLLECTIVE):
+        return "collective"
+    if module.startswith(_NO_COLLECTIVE) or module == "builtins" or (
+            not module.startswith("torch") and module.split(".", 1)[0] in
+            getattr(sys, "stdlib_module_names", ())):
+        return "safe"
+    return "unknown"
+
+
+def _verdict(obj: Any) -> str:
+    """Can calling ``obj`` issue a collective: "collective", "safe" (it cannot
+    reach ``torch.distributed``), or "unknown"."""
+    import types
+
+    if obj is _UNKNOWN:
+        return "unknown"
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType,
+                        types.WrapperDescriptorType, types.MethodWrapperType,
+                        types.ClassMethodDescriptorType)):
+        owner = getattr(obj, "__objclass__", None)
+        if owner is None:
+            bound = getattr(obj, "__self__", None)
+            owner = bound if isinstance(bound, type) else type(bound) if bound is not None \
+                and not isinstance(bound, types.ModuleType) else None
+        module = getattr(owner, "__module__", None) or getattr(obj, "__module__", None) or ""
+        # C code: a collective only where it is torch's distributed bindings
+        return "collective" if str(module).startswith(_COLLECTIVE) else "safe"
+    if isinstance(obj, type):
+        return _module_verdict(obj.__module__ or "")
+    if isinstance(obj, types.MethodType):
+        obj = obj.__func__
+    if isinstance(obj, types.FunctionType):
+        return _module_verdict(getattr(obj, "__module__", None) or "")
+    return "unknown"  # (an object with __call__, a partial, ...: it may run anything)
+
+
+def _resolve(node: ast.expr, frame, rebound: set[str]) -> Any:
+    """What a call's callee names in ``frame``, looked up without running
+    anything (``inspect.getattr_static``); ``_UNKNOWN`` where that cannot be
+    told (a name the left-out code binds again, a property, ``__getattr__``)."""
+    import ast
+    import builtins
+    import inspect
+    import types
+
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id in rebound:
+        return _UNKNOWN
+    try:
+        scopes = (frame.f_locals, frame.f_globals, vars(builtins))
+        obj = next((ns[node.id] for ns in scopes if node.id in ns), _UNKNOWN)
+        for n, attr in enumerate(reversed(parts)):
+            if obj is _UNKNOWN:
+                return _UNKNOWN
+            obj = inspect.getattr_static(obj, attr)
+            last = n == len(parts) - 1
+            if not last and not isinstance(obj, types.ModuleType) and \
+                    hasattr(type(obj), "__get__") and not isinstance(obj, type):
+                return _UNKNOWN  # (a descriptor on the way: running it is a call)
+            if last and isinstance(obj, (property, types.GetSetDescriptorType,
+                                         types.MemberDescriptorType)):
+                return _UNKNOWN
+    except Exception:
+        return _UNKNOWN
+    return obj
+
+
+def _calls(nodes: list[ast.AST], frame, rebound: set[str]) -> list[tuple[int, str, str]]:
+    """(line, source text, verdict) of every call and implicit call (a ``for``
+    over something other than ``range``, a ``with``, an ``await``) in
+    ``nodes`` that is not "safe" -- nested functions and classes left out
+    (defining one runs nothing of it)."""
+    import ast
+
+    out: list[tuple[int, str, str]] = []
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(getattr(node, "decorator_list", []))
+            stack.extend(d for d in node.args.defaults + node.args.kw_defaults if d)
+            continue
+        if isinstance(node, ast.ClassDef):
+            out.append((node.lineno, f"class {node.name}", "unknown"))
+            continue
+        verdict = ""
+        if isinstance(node, ast.Call):
+            verdict = _verdict(_resolve(node.func, frame, rebound))
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            it = node.iter
+            ranged = isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and \
+                it.func.id == "range" and _resolve(it.func, frame, rebound) is range
+            verdict = "safe" if ranged and isinstance(node, ast.For) else "unknown"
+            text = f"for ... in {ast.unparse(it)}"
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            sure = isinstance(node, ast.With) and all(
+                isinstance(item.context_expr, ast.Call) and _verdict(_resolve(
+                    item.context_expr.func, frame, rebound)) == "safe" for item in node.items)
+            verdict = "safe" if sure else "unknown"
+            text = "with " + ", ".join(ast.unparse(i.context_expr) for i in node.items)
+        elif isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)):
+            verdict = "unknown"
+        if verdict and verdict != "safe":
+            if isinstance(node, ast.Call) or isinstance(node, ast.Await):
+                text = ast.unparse(node)
+            out.append((getattr(node, "lineno", 0), text if len(text) <= 60 else
+                        text[:57] + "...", verdict))
+        stack.extend(ast.iter_child_nodes(node))
+    out.sort()
+    return out
+
+
+def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
+    """(the crashed function's AST, the failing statement, the path of nodes
+    from the function down to it), from the source the frame runs; None where
+    it cannot be read."""
+    import ast
+
+    from ..cells import _registry
+    from ..cells._cell import cells_of, original_code
+    from ..cells._source import ModuleSource, source_for_file
+
+    try:
+        code = crash.frame.f_code
+        plain = original_code(code)
+        info = cells_of(code)
+        loaded = _registry.get(plain.co_filename)
+        msrc = ModuleSource(info.source, plain.co_filename) if info is not None and \
+            info.source is not None else loaded.msrc if loaded is not None else \
+            source_for_file(plain.co_filename)
+        if msrc is None:
+            return None
+        scope: Any = msrc.scope_for(plain)
+        cell = crash.cell
+        stmt = msrc.statements(scope).lookup((cell.lineno, cell.end_lineno, cell.col,
+                                              cell.end_col)) if scope is not None else None
+    except Exception:
+        return None
+    if stmt is None:
+        return None
+    path: list[ast.AST] = []
+
+    def find(node: ast.AST) -> bool:
+        path.append(node)
+        if node is stmt:
+            return True
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt) and not isinstance(child, (
+                    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and find(child):
+                return True
+        path.pop()
+        return False
+
+    for top in scope.body:
+        if find(top):
+            return scope, stmt, [scope, *path]
     return None
+
+
+def _after(node: ast.AST, stmt: ast.stmt) -> bool:
+    return (node.lineno, node.col_offset) >= (  # type: ignore[attr-defined]
+        stmt.end_lineno, stmt.end_col_offset)
+
+
+def _still_to_run(stmt: ast.stmt, position: tuple | None) -> list[ast.AST]:
+    """The parts of the failing statement that would still run after the
+    instruction that failed: calls that enclose it (``f(x[k])``: ``f``) and
+    those that start after it.  Of a compound statement, its header only."""
+    import ast
+
+    head: list[ast.AST]
+    if isinstance(stmt, (ast.If, ast.While)):
+        head = [stmt.test]
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        head = [stmt.iter]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        head = [i.context_expr for i in stmt.items]
+    elif isinstance(stmt, ast.Match):
+        head = [stmt.subject]
+    else:
+        head = [stmt]
+    if not position or None in position:
+        return head
+    line, end_line, col, end_col = position
+    out: list[ast.AST] = []
+    for part in head:
+        for node in ast.walk(part):
+            if not isinstance(node, ast.Call):
+                continue
+            start = (node.lineno, node.col_offset)
+            end = (node.end_lineno, node.end_col_offset)
+            if start >= (end_line, end_col) or (start <= (line, col) and (end_line, end_col)
+                                                 <= end and (start, end) != ((line, col),
+                                                                            (end_line, end_col))):
+                out.append(ast.Call(func=node.func, args=[], keywords=[], lineno=node.lineno,
+                                    col_offset=node.col_offset, end_lineno=node.end_lineno,
+                                    end_col_offset=node.end_col_offset))
+    return out
+
+
+def _left_out(decision: Decision, crash: Crash) -> list[tuple[int, str, str]] | None:
+    """The calls ``decision`` (skip or continue) would leave out that may run
+    a collective -- (line, text, verdict) --, read from the source; None
+    where the source cannot be read."""
+    import ast
+
+    found = _source_of(crash)
+    if found is None:
+        return None
+    _, stmt, path = found
+    nodes = _still_to_run(stmt, crash.position)
+    if decision is CONTINUE and crash.kind != "loop-header":
+        loops = [i for i, n in enumerate(path) if isinstance(n, (ast.For, ast.AsyncFor))
+                 and n is not stmt]
+        if not loops:
+            return None
+        loop: Any = path[loops[-1]]
+        around = set(map(id, path))
+        # the rest of the loop's body, and all of each `while` between the loop
+        # and the statement (continuing the `for` leaves their next rounds out)
+        for node in path[loops[-1] + 1:]:
+            if isinstance(node, ast.While) and node is not stmt:
+                nodes += [node.test, *node.body]
+        blocks = [loop.body]
+        while blocks:
+            for node in blocks.pop():
+                if _after(node, stmt):
+                    nodes.append(node)
+                elif id(node) in around and node is not stmt:
+                    blocks += [getattr(node, name) for name in ("body", "orelse", "finalbody")
+                               if getattr(node, name, None)]
+                    blocks += [h.body for h in getattr(node, "handlers", ())]
+                    blocks += [c.body for c in getattr(node, "cases", ())]
+    bound = {t.id for n in nodes for t in ast.walk(n) if isinstance(t, ast.Name) and
+             isinstance(t.ctx, (ast.Store, ast.Del))}
+    return _calls(nodes, crash.frame, bound)
 
 
 def _name(entry: dict[str, Any]) -> str:
@@ -298,12 +584,46 @@ def _rank() -> str:
 
 
 # -- job decisions ---------------------------------------------------------------
+#
+# The ranks meet in the job's store, which anyone who can reach its port may
+# read and write (docs/architecture.md, threat model).  So every value a rank
+# reads there is sealed with this user's key (``_seal``) for its place --
+# the job, the round, the rank, the phase -- and one that is not is dropped
+# (``store.dropped``).  A sealed value can still be replayed: a rank's value
+# from an earlier attempt of the same round.  So a round has two phases:
+# each rank posts its decision with a fresh nonce, then the nonces of every
+# value it read; a rank goes on only when every rank posted the same
+# nonces -- its own fresh one among them: each peer took part in *this*
+# attempt, and all took the same values.
 
 _rounds = 0
 _rounds_lock = threading.Lock()
 #: how long an agreement waits for its peers before it asks whether they are
 #: at a crash at all (``mark_at_crash``)
 AGREE_GRACE_S = 2.0
+#: this user's key, read once (``_key``)
+_KEY: list[bytes] = []
+
+
+def _key() -> bytes:
+    """This user's daifu key (``_seal.load_key``); raises ``SealError``."""
+    if not _KEY:
+        from ._seal import load_key
+
+        _KEY.append(load_key(create=True))
+    return _KEY[0]
+
+
+def _job() -> str:
+    from ._events import distributed
+
+    return str(distributed().get("job") or "")
+
+
+def _world() -> tuple[Any, int, int]:
+    """(the default process group's store, the world size, this rank)."""
+    dist = sys.modules["torch.distributed"]
+    return dist.distributed_c10d._get_default_store(), dist.get_world_size(), dist.get_rank()
 
 
 def _crash_key(rank: int) -> str:
@@ -311,69 +631,216 @@ def _crash_key(rank: int) -> str:
 
 
 def mark_at_crash(on: bool) -> None:
-    """Say in the job's store whether this rank is handling a crash (an
-    agreement's peers read it to fail fast).  Never raises."""
+    """Say in the job's store, sealed, whether this rank is handling a crash
+    (an agreement's peers read it to fail fast).  Never raises."""
     if not active():
         return
     try:
-        dist = sys.modules["torch.distributed"]
-        store = dist.distributed_c10d._get_default_store()
-        store.set(_crash_key(dist.get_rank()), "1" if on else "0")
+        from ._seal import seal
+
+        store, _, rank = _world()
+        store.set(_crash_key(rank), seal(_key(), f"at-crash|{_job()}|{rank}",
+                                         {"on": bool(on), "t": time.time()}))
     except Exception:
         pass
 
 
 def _at_crash(store: Any, rank: int) -> bool:
+    """Is ``rank`` handling a crash, as its sealed mark says?  A mark that is
+    not the rank's (forged, moved) is dropped and counts as unknown: the
+    agreement then waits its whole timeout, as without a mark."""
+    from ._jobstore import dropped
+    from ._seal import SealError, unseal
+
+    name = _crash_key(rank)
     try:
-        return bool(store.check([_crash_key(rank)])) and store.get(_crash_key(rank)) == b"1"
+        if not store.check([name]):
+            return False
+        text = store.get(name)
     except Exception:
-        return True  # unknown: wait the whole agreement timeout, as before
+        return True  # unknown: wait the whole agreement timeout
+    try:
+        return unseal(_key(), f"at-crash|{_job()}|{rank}", text).get("on") is True
+    except SealError:
+        dropped(name, f"not sealed for rank {rank}'s at-crash mark with this user's key: "
+                      "forged, or moved from another rank or job")
+        return True
+
+
+class _NotAgreed(Exception):
+    def __init__(self, absent: list[int] | None = None, forged: list[str] | None = None):
+        super().__init__()
+        self.absent, self.forged = absent or [], forged or []
+
+
+class _Meeting:
+    """Round ``n`` of this job's decisions for all ranks, in ``store`` (see above)."""
+
+    def __init__(self, store: Any, key: bytes, job: str, n: int, world: int, rank: int):
+        self.store, self.key, self.job, self.n = store, key, job, n
+        self.world, self.rank = world, rank
+        self.forged: dict[str, bytes] = {}  # key -> the value not sealed for it
+
+    def name(self, rank: int, phase: str = "agree") -> str:
+        return f"daifu/agree/{self.n}/{rank}" + ("/seen" if phase == "seen" else "")
+
+    def _read(self, rank: int, phase: str) -> dict | None:
+        """A rank's sealed value of ``phase`` ("agree", "seen"), or None (not
+        there yet, or not sealed for it: dropped and named once)."""
+        from ._jobstore import dropped
+        from ._seal import SealError, unseal
+
+        name = self.name(rank, phase)
+        try:
+            if not self.store.check([name]):
+                return None
+            text = bytes(self.store.get(name))
+        except Exception:
+            return None
+        try:
+            value = unseal(self.key, f"{phase}|{self.job}|{self.n}|{rank}", text)
+        except SealError:
+            if self.forged.get(name) != text:
+                self.forged[name] = text
+                dropped(name, f"not sealed for rank {rank}'s {phase} of round {self.n} of "
+                              "this job with this user's key: forged, altered, another "
+                              "user's, or moved from another rank, round or job")
+            return None
+        self.forged.pop(name, None)
+        if phase == "agree" and not all(isinstance(value.get(f), str)
+                                        for f in ("what", "nonce", "refuse")):
+            return None
+        if phase == "seen" and not isinstance(value.get("nonces"), dict):
+            return None
+        return value
+
+    def _wait(self, names: list[str], seconds: float) -> None:
+        """Until every key in ``names`` exists, at most ``seconds`` (a wait in
+        the store, not a poll; keys holding a forged value exist already: the
+        caller reads again a little later)."""
+        import datetime
+
+        try:
+            self.store.wait(names, datetime.timedelta(seconds=max(0.05, seconds)))
+        except Exception:
+            pass
+
+    def run(self, mine: str, refuse: str, timeout: float) -> dict[int, dict]:
+        """Every rank's value for this round (raises ``_NotAgreed``)."""
+        from ._seal import seal
+
+        nonce = os.urandom(12).hex()
+        own = {"what": mine, "nonce": nonce, "refuse": refuse}
+        self.store.set(self.name(self.rank), seal(
+            self.key, f"agree|{self.job}|{self.n}|{self.rank}", own))
+        values = {self.rank: own}
+        start = time.monotonic()
+        end, grace = start + timeout, start + min(timeout, AGREE_GRACE_S)
+        asked = False
+        while len(values) < self.world:
+            missing = [r for r in range(self.world) if r not in values]
+            now = time.monotonic()
+            if not asked and now >= grace:
+                # fail fast: a peer that is not at a crash (it runs on, or waits
+                # in a collective whose timeout nobody extends) cannot take it
+                asked = True
+                absent = [r for r in missing if not _at_crash(self.store, r)]
+                if absent:
+                    raise _NotAgreed(absent=absent)
+            if now >= end:
+                raise _NotAgreed(forged=sorted(self.forged))
+            limit = (end if asked else grace) - now
+            self._wait([self.name(r) for r in missing], min(limit, 0.25) if self.forged
+                       else limit)
+            for r in missing:
+                value = self._read(r, "agree")
+                if value is not None:
+                    values[r] = value
+            if self.forged and len(values) < self.world:
+                time.sleep(0.05)
+        # phase 2: every rank saw the same values, this attempt's (each
+        # peer's list holds this rank's fresh nonce); once all values are
+        # here the peers are known to be at it: a little longer than the timeout
+        end = max(end, time.monotonic() + AGREE_GRACE_S)
+        seen = self._post_seen(values)
+        agreed = {self.rank}
+        while len(agreed) < self.world:
+            if time.monotonic() >= end:
+                raise _NotAgreed(forged=sorted(self.forged))
+            pending = [r for r in range(self.world) if r not in agreed]
+            self._wait([self.name(r, "seen") for r in pending], min(end - time.monotonic(),
+                                                                   0.25))
+            differ = False
+            for r in pending:
+                theirs = self._read(r, "seen")
+                if theirs is None:
+                    continue
+                if theirs["nonces"] == seen:
+                    agreed.add(r)
+                else:
+                    differ = True
+            if differ:  # a peer read other values (a stale or replayed one): read again
+                changed = False
+                for r in range(self.world):
+                    value = self._read(r, "agree") if r != self.rank else None
+                    if value is not None and value["nonce"] != values[r]["nonce"]:
+                        values[r], changed = value, True
+                if changed:
+                    seen, agreed = self._post_seen(values), {self.rank}
+            if len(agreed) < self.world:
+                time.sleep(0.02)  # (a key that holds a forged value exists: no wait)
+        return values
+
+    def _post_seen(self, values: dict[int, dict]) -> dict[str, str]:
+        from ._seal import seal
+
+        seen = {str(r): v["nonce"] for r, v in sorted(values.items())}
+        self.store.set(self.name(self.rank, "seen"), seal(
+            self.key, f"seen|{self.job}|{self.n}|{self.rank}", {"nonces": seen}))
+        return seen
+
+    def withdraw(self) -> None:
+        """This rank's values of the round are gone (a later attempt of the
+        round must not find them).  Never raises."""
+        for phase in ("agree", "seen"):
+            try:
+                self.store.delete_key(self.name(self.rank, phase))
+            except Exception:
+                pass
 
 
 def agree(decision: Decision, crash: Crash) -> None:
     """Wait until every rank of the job takes ``decision`` at the same crash;
-    raise ``PatchError`` with the reason when they do not (in time)."""
+    raise ``PatchError`` with the reason when they do not (in time), or when
+    one of them cannot take it (``_job_reason``)."""
     from .._errors import PatchError
+    from ._seal import SealError
 
     group = _group()
     if group is None:
         return
-    dist = sys.modules["torch.distributed"]
+    try:
+        key = _key()
+    except SealError as exc:
+        raise PatchError(f"{decision.value} for all ranks: {exc} -- the ranks agree through "
+                         "the job's store, sealed with this user's daifu key "
+                         "(DAIFU_JOB_KEY_FILE)") from None
     global _rounds
     with _rounds_lock:
         _rounds += 1
         n = _rounds
-    world, rank = dist.get_world_size(), dist.get_rank()
+    store, world, rank = _world()
     mine = f"{crash.where}|{crash.statement}|{decision.value}"
-    import datetime
-
     timeout = _agree_timeout()
-    key = f"daifu/agree/{n}/{rank}"
-    store = None
-    absent: list[int] = []
+    meeting = _Meeting(store, key, _job(), n, world, rank)
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set(key, mine)
-        keys = [f"daifu/agree/{n}/{r}" for r in range(world)]
-        grace = min(timeout, AGREE_GRACE_S)
-        try:
-            store.wait(keys, datetime.timedelta(seconds=grace))
-        except Exception:
-            # fail fast: a peer that is not at a crash (it runs on, or waits
-            # in a collective whose timeout nobody extends) cannot take it
-            absent = [r for r in range(world) if r != rank and not _at_crash(store, r)]
-            if absent:
-                raise
-            store.wait(keys, datetime.timedelta(seconds=max(timeout - grace, 0.1)))
-        theirs = {r: store.get(k).decode() for r, k in enumerate(keys)}
+        theirs = meeting.run(mine, _job_reason(decision, crash) or "", timeout)
     except Exception as exc:
         with _rounds_lock:
             _rounds -= 1  # this round never happened; the next try reuses its number
-        try:  # and a later round must not find this rank's answer to this one
-            if store is not None:
-                store.delete_key(key)
-        except Exception:
-            pass
+        meeting.withdraw()  # and a later round must not find this rank's answer to this one
+        absent = exc.absent if isinstance(exc, _NotAgreed) else []
+        forged = exc.forged if isinstance(exc, _NotAgreed) else []
         if absent:
             names = ", ".join(map(str, absent))
             raise PatchError(f"{decision.value} for all ranks: rank{'s' if len(absent) > 1 else ''}"
@@ -381,14 +848,48 @@ def agree(decision: Decision, crash: Crash) -> None:
                              "runs on, or waits in a collective), so it cannot take it; refused "
                              f"after {min(timeout, AGREE_GRACE_S):g}s -- fix the crashed rank "
                              "alone (a rank-local rule or the console)") from None
+        why = "a rank that did not crash here waits in a collective"
+        if forged:
+            why = (f"what the job's store holds for {', '.join(forged)} is not sealed by a "
+                   "rank of this job (dropped: see the store.dropped events)")
+        elif not isinstance(exc, _NotAgreed):
+            why += f" ({type(exc).__name__}: {exc})"
         raise PatchError(f"{decision.value} for all ranks: not every rank of the job took it "
-                         f"within {timeout:g}s (DAIFU_AGREE_TIMEOUT) -- a rank that did "
-                         f"not crash here waits in a collective; fix the crashed rank alone "
-                         f"({type(exc).__name__})") from None
-    other = {r: v for r, v in theirs.items() if v != mine}
+                         f"within {timeout:g}s (DAIFU_AGREE_TIMEOUT) -- {why}; fix the crashed "
+                         "rank alone") from None
+    other = {r: v["what"] for r, v in sorted(theirs.items()) if v["what"] != mine}
     if other:
         r, v = next(iter(other.items()))
         where, _, rest = v.partition("|")
         raise PatchError(f"{decision.value} for all ranks: rank {r} is at a different crash or "
                          f"decision ({where}: {rest.rsplit('|', 1)[-1]}), so the ranks would not "
                          f"stay in step")
+    refused = [(r, v["refuse"]) for r, v in sorted(theirs.items()) if v["refuse"]]
+    if refused:  # (every rank read the same values: every rank refuses)
+        raise PatchError(f"{decision.value} for all ranks refused: {refused[0][1]}")
+
+
+def _job_reason(decision: Decision, crash: Crash) -> str | None:
+    """Why this rank cannot take ``decision`` together with every other rank:
+    a retry of a statement that already ran a collective in this execution
+    would run it again on every rank -- in step, but an in-place all_reduce
+    reduces twice.  Refused (rather than retried with the reduced tensors
+    restored: daifu does not know which tensors a collective changed in place)."""
+    if decision is not RETRY:
+        return None
+    entries = _collectives()
+    if not entries:
+        return None  # (the flight recorder off: docs/limitations.md)
+    code = crash.frame.f_code
+    first, last = crash.cell.lineno or crash.lineno or 0, crash.cell.end_lineno or \
+        crash.cell.lineno or crash.lineno or 0
+    here = [(e, line) for e in entries if (line := _line_in(e, code)) is not None]
+    in_statement = [e for e, line in here if first <= line <= last]
+    if in_statement and here[-1][0] is in_statement[-1] and \
+            _issued_in_this_run(in_statement[-1], crash):
+        return (f"the failing statement already ran {_name(in_statement[-1])} on rank "
+                f"{_rank()} before it failed; retried on every rank it would run that "
+                "collective again (in step, but an in-place all_reduce would reduce twice) "
+                "-- instead, on every rank: exec what the statement should have made, then "
+                "skip (the console's `all exec ...`, `all skip`), or `all next`")
+    return None

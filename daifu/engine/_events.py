@@ -253,6 +253,22 @@ class RelayUnavailable(Event):
 
 
 @event
+class StoreDropped(Event):
+    """Something a rank read from the job's store (``_jobstore``,
+    ``_distributed``) was not what it must be -- not sealed with this user's
+    key for that place (forged, altered, moved from another rank, round or
+    job), replayed, expired, superseded by a later command, or cancelled by
+    its sender -- and was dropped.  ``count``: how many were dropped for the
+    same reason since the last such event (at most one every few seconds)."""
+
+    event: ClassVar[str] = "store.dropped"
+    level: ClassVar[str] = "warning"
+    key: str
+    reason: str
+    count: int = 1
+
+
+@event
 class RuleFailed(Event):
     event: ClassVar[str] = "rule.failed"
     level: ClassVar[str] = "error"

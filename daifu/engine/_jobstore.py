@@ -19,13 +19,23 @@ rank on every node), blocked on its queue there until a command comes.
   gloo collective answers: gloo waits without the GIL).
 * Answers are sealed too: another user who reads the store learns nothing
   of the job's variables, and cannot make a rank seem to answer.
+* A command that acts (``send``) is ordered and confirmed: it carries a
+  per-job, per-rank sequence number and its sender's deadline; the rank
+  takes it only inside the deadline and only when no later one was taken,
+  then answers a fresh *challenge* and runs it only once the sender, still
+  waiting, confirmed that challenge (``go``).  A command held back in the
+  store and delivered after its sender gave up (and sent a sealed cancel)
+  never runs, whatever the clocks say; the sender is told "not delivered"
+  (it will never run), its answer, or "delivered, no answer" -- never
+  "no answer" for a command that may still run.
 
 Threat model (docs/architecture.md): the store is an unauthenticated TCP
 service any user who can reach its port may read and write.  What daifu puts
 there must not let anyone but the job's user run code in the job or take
 decisions for it, nor read what it answers.  Denial of service through the
 store (deleting keys, filling queues) is out of scope: whoever can do that
-can already break the job's rendezvous.
+can already break the job's rendezvous.  Whatever a rank drops is named in
+a ``store.dropped`` event.
 """
 
 from __future__ import annotations
@@ -53,6 +63,10 @@ _FRESH_S = 600.0
 _RELAY_WAIT_S = 7 * 86400.0
 #: how long a client tries to reach the store
 _CONNECT_S = 20.0
+#: how long a rank waits for the sender of a command it took to confirm it (s)
+_GO_WAIT_S = 10.0
+#: what acts on the rank (ordered, confirmed); the rest only reads
+_ACTING = ("send",)
 #: how long a relay keeps trying to reach a store that is not there yet (s;
 #: a launcher that sets MASTER_ADDR/MASTER_PORT without running a store has
 #: rank 0's init_process_group make it, later), and its longest pause between tries
@@ -87,6 +101,49 @@ def _fingerprint_key(job: str, rank: int) -> str:
     return f"{_PREFIX}{job}/fp/{rank}"
 
 
+def _seq_key(job: str, rank: int) -> str:
+    """The job's counter of commands that act on ``rank`` (``store.add``: an
+    attacker who changes it can only make later commands look stale)."""
+    return f"{_PREFIX}{job}/seq/{rank}"
+
+
+def _go_key(reply: str, rank: int) -> str:
+    """Where the sender of a command confirms (or cancels) it for ``rank``."""
+    return f"{reply}/go/{rank}"
+
+
+class _Drops:
+    """``store.dropped`` events, at most one per reason every few seconds
+    (someone who floods a queue with garbage must not flood the log too)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __call__(self, key: str, reason: str) -> None:
+        kind = f"{key} {reason.split(' ', 1)[0]}"
+        now = time.monotonic()
+        with self._lock:
+            count = self._held.get(kind, 0) + 1
+            if now - self._last.get(kind, -self.EVERY_S) < self.EVERY_S:
+                self._held[kind] = count
+                return
+            self._last[kind], self._held[kind] = now, 0
+        try:
+            from ._events import StoreDropped, emit
+
+            emit(StoreDropped(key=key, reason=reason, count=count))
+        except Exception:
+            pass
+
+
+#: name what a rank dropped from the store (``store.dropped``)
+dropped = _Drops()
+
+
 # -- the rank's side ----------------------------------------------------------------
 
 
@@ -98,6 +155,8 @@ class Relay(threading.Thread):
         self.job, self.addr, self.port, self.rank, self.key = job, addr, port, rank, key
         self.started_at = time.time()
         self._seen: dict[str, float] = {}  # command id -> when it was issued
+        self._void: dict[str, float] = {}  # command id -> when its sender cancelled it
+        self._last_seq = 0  # the sequence number of the last command that acts taken
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._waiting = False  # connected, and waiting on its queue
@@ -173,11 +232,11 @@ class Relay(threading.Thread):
                 self._waiting = False
 
     def _serve(self, store: Any) -> None:
-        place = f"cmd|{self.job}|{self.rank}"
+        place, queue = f"cmd|{self.job}|{self.rank}", _queue(self.job, self.rank)
         failures = 0
         while not self._stopping.is_set():
             try:
-                text = store.queue_pop(_queue(self.job, self.rank), True)
+                text = store.queue_pop(queue, True)
                 failures = 0
             except Exception:
                 failures += 1
@@ -188,39 +247,133 @@ class Relay(threading.Thread):
             if self._stopping.is_set():
                 return
             try:
-                message = self._accept(unseal(self.key, place, text))
+                message = self._accept(unseal(self.key, place, text), queue, store)
             except (SealError, ValueError, TypeError):
-                continue  # not from this user (or altered, moved, replayed): dropped
-            if message is not None and not _abandoned(store, message):
-                self._reply(message, _answer(message, self.rank))
+                dropped(queue, f"not sealed for rank {self.rank} of this job with this "
+                               "user's key: forged, altered, another user's, or moved from "
+                               "another rank or job")
+                continue
+            if message is None:
+                continue
+            if message.get("op") in _ACTING:
+                if not self._confirmed(message, queue):
+                    continue  # (never run: its sender did not confirm it)
+            elif _abandoned(store, message):
+                continue
+            self._reply(message, _answer(message, self.rank))
+
+    def _outbox(self) -> Any:
+        """The relay's second connection, made at the first command and kept
+        (its first one waits for commands; a store client made and dropped
+        per answer would churn connections)."""
+        if self._out is None:
+            self._out = _client(self.addr, self.port, _CONNECT_S)
+        return self._out
 
     def _reply(self, message: dict, answer: dict) -> None:
-        """Push the sealed answer, through a second connection made at the
-        first command and kept (the relay's first one waits for commands; a
-        store client made and dropped per answer would churn connections)."""
+        """Push a sealed answer (or stage: ready, running, dropped) for ``message``."""
         try:
-            if self._out is None:
-                self._out = _client(self.addr, self.port, _CONNECT_S)
             # (the rank in the clear: which seal the client checks it against)
-            self._out.queue_push(message["reply"], f"{self.rank} " + seal(
+            self._outbox().queue_push(message["reply"], f"{self.rank} " + seal(
                 self.key, f"reply|{self.job}|{self.rank}|{message['id']}", answer))
         except Exception:
             pass
 
-    def _accept(self, message: dict) -> dict | None:
-        """The command, if it is fresh and new; else None."""
+    def _accept(self, message: dict, queue: str, store: Any) -> dict | None:
+        """The command, if it is fresh, new, inside its sender's deadline and
+        (one that acts) later than every one taken before; else None -- named
+        in a ``store.dropped`` event.  A cancel voids the command it names."""
         ident, issued, reply = message.get("id"), message.get("t"), message.get("reply")
+        deadline = message.get("deadline")
         if not isinstance(ident, str) or not isinstance(reply, str) or \
-                not isinstance(issued, (int, float)):
+                not isinstance(issued, (int, float)) or not isinstance(deadline, (int, float)):
+            dropped(queue, "malformed: a sealed command without its id, time or deadline")
             return None
         now = time.time()
-        if issued > now + _SKEW_S or issued < self.started_at - _SKEW_S or \
-                issued < now - _FRESH_S or ident in self._seen:
+        why = ""
+        if ident in self._seen:
+            why = "replayed: a command taken before"
+        elif ident in self._void:
+            why = "cancelled by its sender, who gave up waiting (held back in the store?)"
+        elif issued > now + _SKEW_S or deadline > issued + _FRESH_S + _SKEW_S:
+            why = "issued in the future, or with a deadline too far ahead"
+        elif issued < self.started_at - _SKEW_S:
+            why = "issued before this rank's relay started (an earlier job's?)"
+        elif now > deadline + _SKEW_S or issued < now - _FRESH_S:
+            why = "expired: its sender's deadline has passed"
+        if why:
+            dropped(queue, why)
             return None
+        for table in (self._seen, self._void):
+            for old in [k for k, t in table.items() if t < now - _FRESH_S - _SKEW_S]:
+                del table[old]
         self._seen[ident] = issued
-        for old in [k for k, t in self._seen.items() if t < now - _FRESH_S]:
-            del self._seen[old]
+        if message.get("op") == "cancel":
+            if isinstance(message.get("cancel"), str):
+                self._void[message["cancel"]] = now
+            return None
+        if message.get("op") in _ACTING:
+            seq = message.get("seq")
+            if not isinstance(seq, int) or seq <= self._last_seq:
+                reason = (f"superseded: command #{seq} came after #{self._last_seq} was "
+                          "taken")
+                dropped(queue, reason)
+                if _waiting_client(store, message):
+                    self._reply(message, {"stage": "dropped", "reason": reason})
+                return None
+            self._last_seq = seq
         return message
+
+    def _confirmed(self, message: dict, queue: str) -> bool:
+        """Ask the sender of a command that acts to confirm it, with a fresh
+        challenge, and wait for that (``_GO_WAIT_S``): a command whose sender
+        has given up -- held back in the store and delivered late, or pushed
+        again -- is never confirmed and never runs."""
+        gone = ("unconfirmed: its sender no longer waits (it gave up, or the command was "
+                "held back in the store); not run")
+        try:
+            if not _waiting_client(self._outbox(), message):
+                dropped(queue, gone)
+                return False
+        except Exception:
+            return False
+        challenge = os.urandom(16).hex()
+        self._reply(message, {"stage": "ready", "challenge": challenge})
+        go, place = _go_key(message["reply"], self.rank), \
+            f"go|{self.job}|{self.rank}|{message['id']}"
+        end = time.monotonic() + _GO_WAIT_S
+        polls = 0
+        while time.monotonic() < end and not self._stopping.is_set():
+            try:
+                out = self._outbox()
+                if not out.check([go]):
+                    polls += 1
+                    if polls % 25 == 0 and not _waiting_client(out, message):
+                        dropped(queue, gone)
+                        return False
+                    time.sleep(0.02)
+                    continue
+                text = out.get(go)
+                out.delete_key(go)
+            except Exception:
+                return False
+            try:
+                answer = unseal(self.key, place, text)
+            except SealError:
+                dropped(go, "not sealed for this command with this user's key: forged or "
+                            "moved")
+                continue
+            if answer.get("go") is False:
+                self._void[message["id"]] = time.time()
+                dropped(queue, "cancelled by its sender, who gave up waiting")
+                return False
+            if answer.get("go") is True and answer.get("challenge") == challenge:
+                self._reply(message, {"stage": "running"})
+                return True
+            dropped(go, "replayed: a confirmation of another challenge")
+        dropped(queue, f"unconfirmed: its sender did not confirm it within {_GO_WAIT_S:g}s "
+                       "(it gave up, or the command was held back in the store); not run")
+        return False
 
 
 #: what a rank only reads for a client: dropped when its client is gone
@@ -240,6 +393,15 @@ def _abandoned(store, message: dict) -> bool:
         return False
     try:
         return not store.check([live])
+    except Exception:
+        return False
+
+
+def _waiting_client(store, message: dict) -> bool:
+    """Is the client of ``message`` still waiting for its answer?"""
+    live = message.get("live")
+    try:
+        return isinstance(live, str) and live.startswith(_PREFIX) and bool(store.check([live]))
     except Exception:
         return False
 
@@ -470,16 +632,22 @@ class Channel:
              live: str) -> dict[int, dict]:
         import uuid
 
+        acting = message.get("op") in _ACTING
         idents: dict[int, str] = {}
+        issued = time.time()
         for rank in targets:
             ident = idents[rank] = uuid.uuid4().hex
-            payload = {**message, "id": ident, "t": time.time(), "reply": reply_queue,
-                       "live": live,
+            payload = {**message, "id": ident, "t": issued, "deadline": issued + timeout,
+                       "reply": reply_queue, "live": live,
                        "origin": message.get("origin") or
                        f"store:{socket.gethostname()}:pid{os.getpid()}"}
+            if acting:
+                payload["seq"] = int(self.store.add(_seq_key(self.job, rank), 1))
             self.store.queue_push(_queue(self.job, rank),
                                   seal(self.key, f"cmd|{self.job}|{rank}", payload))
         answers: dict[int, dict] = {}
+        confirmed: set[int] = set()  # the ranks told to run it (``Relay._confirmed``)
+        running: set[int] = set()
         deadline = time.monotonic() + timeout
         while len(answers) < len(targets) and time.monotonic() < deadline:
             try:
@@ -491,13 +659,64 @@ class Channel:
                 continue
             head, _, text = self.store.queue_pop(reply_queue, False).decode().partition(" ")
             rank = int(head) if head.isdigit() else -1
-            if rank in idents and rank not in answers:
-                try:
-                    answers[rank] = unseal(self.key, f"reply|{self.job}|{rank}|{idents[rank]}",
-                                           text)
-                except SealError:
-                    continue  # not the rank's answer: someone else's writing
+            if rank not in idents or rank in answers:
+                continue
+            try:
+                answer = unseal(self.key, f"reply|{self.job}|{rank}|{idents[rank]}", text)
+            except SealError:
+                continue  # not the rank's answer: someone else's writing
+            stage = answer.get("stage")
+            if stage == "ready":
+                challenge = answer.get("challenge")
+                if acting and rank not in confirmed and isinstance(challenge, str) and \
+                        time.monotonic() < deadline:
+                    self.store.set(_go_key(reply_queue, rank), seal(
+                        self.key, f"go|{self.job}|{rank}|{idents[rank]}",
+                        {"go": True, "challenge": challenge}))
+                    confirmed.add(rank)
+            elif stage == "running":
+                running.add(rank)
+            elif stage == "dropped":
+                answers[rank] = {"ok": False, "delivered": False,
+                                 "error": f"not delivered ({answer.get('reason')}); it will "
+                                          "never run"}
+            else:
+                answers[rank] = {**answer, "delivered": True} if acting else answer
+        if acting:
+            for rank in targets:
+                if rank in answers:
+                    continue
+                if rank in confirmed:
+                    state = "runs it" if rank in running else "was told to run it"
+                    answers[rank] = {
+                        "ok": False, "delivered": True, "error":
+                        f"delivered: rank {rank} {state}, but its answer did not come within "
+                        f"{timeout:g}s -- it may have been applied (see python -m daifu ps)"}
+                    continue
+                self._cancel(rank, idents[rank], reply_queue)
+                answers[rank] = {
+                    "ok": False, "delivered": False, "error":
+                    f"not delivered: rank {rank} did not take it within {timeout:g}s (it is "
+                    "busy, gone, or someone holds the job's store up); cancelled, it will "
+                    "never run"}
         return answers
+
+    def _cancel(self, rank: int, ident: str, reply_queue: str) -> None:
+        """Void a command this client gave up on: a sealed ``go: false`` where
+        the rank would wait for the confirmation, and a sealed cancel in its
+        queue (the command could not run without the confirmation anyway)."""
+        import uuid
+
+        now = time.time()
+        try:
+            self.store.set(_go_key(reply_queue, rank), seal(
+                self.key, f"go|{self.job}|{rank}|{ident}", {"go": False}))
+            self.store.queue_push(_queue(self.job, rank), seal(
+                self.key, f"cmd|{self.job}|{rank}",
+                {"op": "cancel", "cancel": ident, "id": uuid.uuid4().hex, "t": now,
+                 "deadline": now + _FRESH_S, "reply": "", "live": ""}))
+        except Exception:
+            pass
 
 
 class JobRanks:
@@ -550,6 +769,8 @@ class JobRanks:
             return self.channel.ask([int(r["rank"]) for r in ranks],
                                     {"op": "send", "cmd": text, "scope": scope},
                                     SEND_TIMEOUT_S if timeout is None else timeout)
+        if scope == "rank":  # (one rank's own decision: no agreement)
+            return {int(r["rank"]): _local_send(int(r["pid"]), text) for r in ranks}
         by_pid = send_to_ranks(ranks, text)
         return {int(r["rank"]): by_pid.get(r["pid"], {}) for r in ranks}
 
@@ -586,6 +807,15 @@ class JobRanks:
         return (f"rank{'s' if len(missing) > 1 else ''} {names} did not answer (not started "
                 f"yet, ended, busy holding the interpreter in C, or started with "
                 f"{RELAY_ENV}=0)")
+
+
+def _local_send(pid: int, text: str) -> dict:
+    from ._control import EndpointError, request
+
+    try:
+        return request(pid, {"op": "send", "cmd": text})
+    except (EndpointError, OSError) as exc:
+        return {"ok": False, "error": str(exc)}
 
 
 #: where a user makes every node use the same key
