@@ -540,18 +540,96 @@ class TwoNodes:
 
 FOUR = TRAIN.replace("for r in range(2)", "for r in range(4)")
 
+#: another user who can reach the job's store (a plain TCPStore client: no daifu
+#: key; as uid 65534 when the tests run as root), steered by JSON lines
+ATTACKER = textwrap.dedent('''
+    import datetime, json, os, sys, time
+    import torch.distributed as dist
+    if os.geteuid() == 0:  # (after the imports: root's Python is not readable by others)
+        os.setgid(65534)
+        os.setuid(65534)
+    store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False,
+                          timeout=datetime.timedelta(seconds=60))
+    held = []
+    print(json.dumps({"uid": os.geteuid()}), flush=True)
+    for line in sys.stdin:
+        cmd, out = json.loads(line), {}
+        if cmd["op"] == "find":  # which of these keys exists
+            out["found"] = next((n for n in cmd["names"] if store.check([n])), None)
+        elif cmd["op"] == "forge":  # once src is there: dst = src's value, or a text
+            store.wait([cmd["src"]], datetime.timedelta(seconds=60))
+            for dst, text in cmd["dst"].items():
+                store.set(dst, store.get(cmd["src"]) if text is None else text)
+        elif cmd["op"] == "steal":  # pop the next n items pushed onto a queue
+            end = time.monotonic() + cmd["seconds"]
+            while len(held) < cmd["n"] and time.monotonic() < end:
+                if store.queue_len(cmd["queue"]):
+                    held.append(store.queue_pop(cmd["queue"], False))
+                else:
+                    time.sleep(0.002)
+        elif cmd["op"] == "push":
+            store.queue_push(cmd["queue"], held[cmd["index"]])
+        out["held"] = len(held)
+        print(json.dumps(out), flush=True)
+''')
 
-def test_two_nodes_one_send_fixes_every_rank_and_the_console_lists_all_four(tmp_path):
+
+class Attacker:
+    def __init__(self, tmp_path, store: str):
+        host, _, port = store.rpartition(":")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ATTACKER, host, port], cwd="/", stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": "/tmp", "OMP_NUM_THREADS": "1"})
+        self.uid = self.read()["uid"]
+
+    def read(self) -> dict:
+        import json
+
+        line = self.proc.stdout.readline()
+        assert line, "the attacker's process ended"
+        return json.loads(line)
+
+    def send(self, **cmd) -> None:
+        import json
+
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def __call__(self, **cmd) -> dict:
+        self.send(**cmd)
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()
+
+
+def test_two_nodes_no_other_user_steers_the_job_and_any_rank_is_reached_from_any_node(
+        tmp_path):
     """Every rank crashes at step 3 on both nodes.  ``ps`` on one node lists
-    the four ranks; a rank's console (``ranks``) lists the other three, on both
-    nodes; one ``send --job`` from node 1 and one from node 0 fix all four,
-    bit-identical to an uninterrupted run of the corrected program."""
+    the four ranks; a rank's console (``ranks``) lists the other three.
+    Another user who can reach the job's store forges the other ranks'
+    answers to a retry for all ranks sent to rank 0 alone: dropped, refused.
+    They pop the owner's ``exec`` from rank 0's queue: the owner is told it
+    was not delivered, and pushed back (again, and onto rank 1's queue) it
+    never runs.  Then one ``send --job`` from node 1 fixes every rank and
+    ``send --job PID --rank N retry`` from node 0 resumes each, including the
+    ranks on node 1: bit-identical to an uninterrupted run of the corrected
+    program."""
+    import threading
+    import time
+
+    from daifu.engine._jobstore import Channel, _queue
+
     assert FOUR != TRAIN
     (tmp_path / "train.py").write_text(FOUR.format(bad="{(0, 3), (1, 3), (2, 3), (3, 3)}"))
     (tmp_path / "ref.py").write_text(FOUR.format(bad="()"))
     ref = reference(tmp_path, nproc=4)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    nodes = TwoNodes(tmp_path, ["--wait", "120", "train.py", "live.pt"])
+    nodes = TwoNodes(tmp_path, ["--wait", "120", "--log-file", "events-{rank}.jsonl",
+                                "train.py", "live.pt"], env={"DAIFU_AGREE_TIMEOUT": "4"})
+    attacker = None
     try:
         waiting = nodes.wait_for(4, "waiting")
         assert sorted(j["rank"] for j in waiting) == [0, 1, 2, 3]
@@ -564,17 +642,70 @@ def test_two_nodes_one_send_fixes_every_rank_and_the_console_lists_all_four(tmp_
                             listed.stdout)
         assert sorted(others) == sorted({"0", "1", "2", "3"} - {str(on_node0[0]["rank"])}), \
             listed.stdout
-        on_node1 = nodes.ranks(1, "waiting")
-        node1_pid = next(j["pid"] for j in on_node1 if j.get("host") is None)
+        rank0 = next(j for j in waiting if j["rank"] == 0)
+        job, store = rank0["job"], rank0["job"].rpartition("@")[2]
+        attacker = Attacker(tmp_path, store)
+        assert attacker.uid != 0 or os.geteuid() != 0
+        prefix = attacker(op="find", names=[f"{p}daifu/at-crash/0" for p in (
+            "default_pg/0//", "/worker/attempt_0/default_pg/0//", "")])["found"]
+        assert prefix, "rank 0's at-crash mark is not in the store"
+        prefix = prefix[:-len("daifu/at-crash/0")]
+        # 1. a retry for all ranks, sent to rank 0 alone: the others' answers forged
+        addr, _, port = store.rpartition(":")
+        owner = Channel(job, addr, int(port), 4)
+        what = f"{rank0['where']}|{rank0['statement']}|retry"
+        attacker.send(op="forge", src=f"{prefix}daifu/agree/1/0", dst={
+            f"{prefix}daifu/agree/1/1": None,  # rank 0's own answer, moved
+            f"{prefix}daifu/agree/1/2": what, f"{prefix}daifu/agree/1/3": what})
+        refused: dict = {}
+        retry = threading.Thread(target=lambda: refused.update(owner.ask(
+            [0], {"op": "send", "cmd": "retry", "scope": "job"}, 60.0)))
+        retry.start()
+        attacker.read()  # (forged, as soon as rank 0 posted its answer)
+        # 2. meanwhile (rank 0's relay waits in the agreement) the owner's exec
+        # to rank 0 is popped from its queue, and its cancel after it
+        attacker.send(op="steal", queue=_queue(job, 0), n=2, seconds=20)
+        told = Channel(job, addr, int(port), 4).ask(  # (a client of its own: another thread)
+            [0], {"op": "send", "cmd": "exec\nMARK = 1\n"}, 1.5)[0]
+        assert attacker.read()["held"] == 2
+        assert told["delivered"] is False and "it will never run" in told["error"], told
+        retry.join()
+        assert not refused[0]["ok"] and not refused[0]["resumed"], refused
+        assert "retry for all ranks: not every rank of the job took it within 4s" in \
+            refused[0]["output"] and "daifu/agree/1/1, daifu/agree/1/2, daifu/agree/1/3 is " \
+            "not sealed by a rank of this job" in refused[0]["output"], refused
+        time.sleep(1.5)  # (later)
+        for queue in (_queue(job, 0), _queue(job, 0), _queue(job, 1)):  # back, again, moved
+            attacker(op="push", queue=queue, index=0)
+        node1_pid = next(j["pid"] for j in nodes.ranks(1, "waiting") if j.get("host") is None)
+        mark = nodes.daifu(1, "send", "--job", node1_pid, "--rank", "0", "p",
+                           "globals().get('MARK')")
+        assert mark.returncode == 1 and mark.stdout.strip().endswith("None"), \
+            mark.stdout + mark.stderr
+        dropped = {r: [e["reason"] for e in read_events(tmp_path / f"events-{r}.jsonl")
+                       if e["event"] == "store.dropped"] for r in (0, 1)}
+        assert any(r.startswith("not sealed for rank 1's agree of round 1") for r in
+                   dropped[0]), dropped
+        assert any(r.startswith("unconfirmed") for r in dropped[0]), dropped
+        assert any(r.startswith("replayed") for r in dropped[0]), dropped
+        assert any(r.startswith("not sealed for rank 1 of this job") for r in dropped[1]), \
+            dropped
+        # 3. the owner fixes every rank from node 1, and resumes each from node 0
         fixed = nodes.daifu(1, "send", "--job", node1_pid, "exec", "SCALES[rank][step] = 1.0")
         assert fixed.returncode == 1, fixed.stdout + fixed.stderr  # applied; all still wait
         assert "not waiting" not in fixed.stderr and "did not answer" not in fixed.stderr
-        resumed = nodes.daifu(0, "send", "--job", on_node0[0]["pid"], "retry")
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        node1_ranks = sorted(j["rank"] for j in nodes.ranks(1, "waiting") if j.get("host")
+                             is None)
+        for rank in node1_ranks + [r for r in range(4) if r not in node1_ranks]:
+            resumed = nodes.daifu(0, "send", "--job", on_node0[0]["pid"], "--rank", rank,
+                                  "retry")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         for proc in nodes.launchers:
             out, err = proc.communicate(timeout=120)
             assert proc.returncode == 0, err[-3000:]
     finally:
+        if attacker is not None:
+            attacker.close()
         nodes.close()
     assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
 

@@ -19,10 +19,13 @@ USAGE = {
     "ps": ("python -m daifu ps [--json]\n  list this user's daifu jobs on this machine: "
            "those that wait on a crash first, then those running"),
     "attach": "python -m daifu attach PID\n  the console of a job waiting on a crash",
-    "send": ("python -m daifu send [--job] PID COMMAND ...\n  one console command (retry, "
-             "skip, next, abort, reload, exec CODE, p EXPR, vars, where);\n  --job: to every "
-             "waiting rank of PID's distributed job at once, a decision for all ranks;\n  exit "
-             "0: the job resumed, 1: it still waits, 2: the command failed, 3: no such job"),
+    "send": ("python -m daifu send [--job] PID COMMAND ...\n"
+             "python -m daifu send --job PID --rank N COMMAND ...\n  one console "
+             "command (retry, skip, next, abort, reload, exec CODE, p EXPR, vars, where);\n"
+             "  --job: to every waiting rank of PID's distributed job at once, a decision for "
+             "all ranks;\n  --job PID --rank N: to rank N of PID's job alone, on any node;\n"
+             "  exit 0: the job resumed, 1: it still waits, 2: the command failed (or was not "
+             "delivered: it will never run), 3: no such job"),
     "stacks": ("python -m daifu stacks [--job] PID\n  every thread's Python stack of a "
                "running job (also while it is blocked in C);\n  --job: of every rank of its "
                "distributed job on this machine, and which rank is behind"),

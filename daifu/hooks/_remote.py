@@ -96,10 +96,18 @@ def send(args: list[str]) -> int:
     job = bool(args) and args[0] == "--job"
     if job:
         args = args[1:]
+    rank = None
+    if job and len(args) > 2 and args[1] == "--rank":
+        if not args[2].isdigit():
+            args = []
+        else:
+            rank, args = int(args[2]), [args[0], *args[3:]]
     if len(args) < 2 or not args[0].isdigit():
         print("usage: python -m daifu send [--job] PID COMMAND ...   (e.g. send 1234 retry,\n"
               "       send 1234 exec 'lr = 0.01', send 1234 p loss; --job: to every waiting\n"
-              "       rank of PID's distributed job, a decision for all ranks together)",
+              "       rank of PID's distributed job, a decision for all ranks together)\n"
+              "       python -m daifu send --job PID --rank N COMMAND ...   (rank N of PID's\n"
+              "       job alone, on whichever node it runs)",
               file=sys.stderr)
         return FAILED
     pid, words = int(args[0]), args[1:]
@@ -108,6 +116,8 @@ def send(args: list[str]) -> int:
     text = " ".join(words)
     if words[0] == "exec" and len(words) > 1:
         text = "exec\n" + " ".join(words[1:]) + "\n"
+    if rank is not None:
+        return _send_rank(pid, rank, text)
     if job:
         return _send_job(pid, text)
     try:
@@ -229,6 +239,40 @@ def _send_job(pid: int, text: str) -> int:
     if any(s == FAILED for s in statuses_out):
         return FAILED
     return RESUMED if all(s == RESUMED for s in statuses_out) else STILL_WAITING
+
+
+def _send_rank(pid: int, rank: int, text: str) -> int:
+    """``send --job PID --rank N COMMAND``: to rank N of PID's job alone (a
+    rank-local command, checked there as one), on any node."""
+    from ..engine._jobstore import JobRanks, place
+
+    try:
+        info = _job_of(pid)
+        ranks = JobRanks(info)
+        statuses = ranks.statuses()
+    except (EndpointError, OSError) as exc:
+        print(f"daifu send: {exc}", file=sys.stderr)
+        return NO_JOB
+    status = statuses.get(rank)
+    if status is None:
+        if not 0 <= rank < ranks.world:
+            print(f"daifu send: job {info['job']} has no rank {rank} (world size "
+                  f"{ranks.world})", file=sys.stderr)
+        else:
+            print(f"daifu send: {ranks.unanswered(statuses) or f'rank {rank} did not answer'}",
+                  file=sys.stderr)
+        return NO_JOB
+    if status.get("state") != "waiting":
+        print(f"daifu send: rank {rank} of job {info['job']} ({place(status)}) is running, not "
+              "waiting at a crash", file=sys.stderr)
+        return NO_JOB
+    if text.strip() == "break":
+        print("daifu send: break pauses a running job: send it to the rank's pid on its node",
+              file=sys.stderr)
+        return FAILED
+    reply = ranks.send([status], text, scope="rank").get(rank) or \
+        {"ok": False, "error": "no answer"}
+    return _answer(reply, prefix=f"rank {rank} ({place(status)}): ")
 
 
 def attach(args: list[str]) -> int:
