@@ -22,7 +22,7 @@ from .fuzz.run import parse_kept
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzzer forks")
 
-SLICE = range(0, 40)  # seeds: about 80 programs, ~20 s on 2 cores
+SLICE = range(0, 30)  # seeds: about 90 programs, ~20 s on 2 cores
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_generated_programs_run_the_same_vaccinated():
             if verdict["verdict"] in ("differs", "harness"):
                 differ.append(f"seed {seed} ({kind}):\n{source}\n{compare.explain(verdict)}")
     assert not differ, "\n\n".join(differ[:3])
-    assert counts.get("same", 0) >= 60, counts  # (they really were compared)
+    assert counts.get("same", 0) >= 70, counts  # (they really were compared)
 
 
 KEPT = parse_kept()
@@ -72,4 +72,4 @@ def test_the_harness_tells_a_difference_from_noise():
                        "raise SystemExit(3)\n")
     assert same["verdict"] == "same", same
     assert same["plain"] == {"stdout": "list index out of range\n", "exception": "SystemExit",
-                             "message": "3", "lines": [5], "status": 3}
+                             "message": "3", "lines": [5], "chain": [], "status": 3}

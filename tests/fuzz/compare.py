@@ -6,7 +6,8 @@ only the child along) compiles the program plainly and runs it twice, then
 vaccinates it (``vaccinate_source``, every function and the module code:
 ``Selection(entries=("**",), module_level=True)``) and runs it once more, each
 time in a fresh namespace with stdout captured.  Each run's outcome (stdout,
-exception type and message, the program's lines in its traceback, exit status)
+exception type and message, the program's lines in its traceback, the types of
+its context and cause, exit status)
 goes back to the parent over a pipe as soon as it is known; the parent kills
 the child when a run takes longer than its budget.
 
@@ -54,8 +55,11 @@ def _outcome(code, exc_limit: int = 2000) -> dict:
         if steps[0] > STEPS:
             raise Budget("steps")
 
+    def caught(line, exc):
+        print("!", line, type(exc).__name__, _message(exc)[:200], _lines(exc), _chain(exc))
+
     namespace = {"__name__": "__main__", "__file__": FILENAME, "__guard__": guard,
-                 "__builtins__": __builtins__}
+                 "__caught__": caught, "__builtins__": __builtins__}
     out = io.StringIO()
     exc = None
     with contextlib.redirect_stdout(out):
@@ -72,14 +76,37 @@ def _outcome(code, exc_limit: int = 2000) -> dict:
         status = 0 if code_ is None else code_ if isinstance(code_, int) else 1
     else:
         status = 1
-    lines = [line for frame, line in traceback.walk_tb(exc.__traceback__)
-             if frame.f_code.co_filename == FILENAME]
-    try:
-        message = _ADDRESS.sub("0x?", str(exc))[:exc_limit]
-    except BaseException as bad:  # noqa: BLE001 - str() of a generated exception may fail
-        message = f"<str() raised {type(bad).__name__}>"
-    result.update(exception=type(exc).__name__, message=message, lines=lines, status=status)
+    result.update(exception=type(exc).__name__, message=_message(exc)[:exc_limit],
+                  lines=_lines(exc), chain=_chain(exc), status=status)
     return result
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return _ADDRESS.sub("0x?", str(exc))
+    except BaseException as bad:  # noqa: BLE001 - str() of a generated exception may fail
+        return f"<str() raised {type(bad).__name__}>"
+
+
+def _lines(exc: BaseException) -> list[int]:
+    """The program's lines in the exception's traceback."""
+    return [line for frame, line in traceback.walk_tb(exc.__traceback__)
+            if frame.f_code.co_filename == FILENAME]
+
+
+def _chain(exc: BaseException) -> list[str]:
+    """The types of its context and cause, and theirs (``!`` where the context
+    is suppressed)."""
+    out: list[str] = []
+    seen = {id(exc)}
+    while len(out) < 10:
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        out.append(("!" if exc.__suppress_context__ else "") + type(nxt).__name__)
+        seen.add(id(nxt))
+        exc = nxt
+    return out
 
 
 def _child(source: str, write_fd: int) -> None:

@@ -3,29 +3,35 @@
 pysource-codegen (a random generator of valid Python code, from PyPI) makes
 programs over six names, ``name_0`` .. ``name_5``, that are never defined: as
 they come, nearly every one ends at its first statement with a NameError.
-Each seed gives one generated program and two programs made from it:
+Each seed gives one generated program and three programs made from it:
 
 * ``plain``: a prelude binds the six names (an int, a list, a str, a dict,
   a function, an object with attributes and dunders), then the generated code
   runs as it is; the first exception nobody handles ends it.
-* ``driven``: the same, but every statement of every body is wrapped in
+* ``function``: the same, the generated statements being the body of a
+  function that the program calls (the six names are its locals where it
+  assigns them, the prelude's globals elsewhere).
+* ``driven``: as ``plain``, but every statement of every body is wrapped in
   ``try: ... except Exception as e: print(...)`` (the program goes on after a
   failing statement, and the exceptions are raised and handled inside the
   functions, where daifu's barrier and stubs are), and an epilogue calls each
   function and class the program left in ``name_0`` .. ``name_5`` and drives
   what they return (generators, coroutines, async generators).
 
-Both get a loop guard: ``__guard__()`` at the top of every loop body and
+Each gets a loop guard: ``__guard__()`` at the top of every loop body and
 function body ends the program with ``Budget`` (a BaseException) after a fixed
 number of steps, so a program that would loop forever ends deterministically.
-``__guard__`` and ``Budget`` are given by the harness (tests/fuzz/compare.py),
-never vaccinated.
+``__guard__``, ``__caught__`` and ``Budget`` are given by the harness
+(tests/fuzz/compare.py), never vaccinated.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 import warnings
+
+KINDS = ("plain", "function", "driven")
 
 PRELUDE = '''\
 def name_4(*args, **kwargs):
@@ -106,9 +112,10 @@ def _guard() -> ast.stmt:
 
 
 def _catch(stmt: ast.stmt) -> ast.stmt:
-    """``try: stmt except Exception as __e: print("!", LINE, type(__e).__name__, __e)``"""
-    report = ast.parse(
-        f"print('!', {stmt.lineno}, type(__e).__name__, str(__e)[:200])").body[0]
+    """``try: stmt except Exception as __e: __caught__(LINE, __e)`` (the harness's
+    ``__caught__`` prints the exception: type, message, its traceback's lines,
+    the types of its context and cause)"""
+    report = ast.parse(f"__caught__({stmt.lineno}, __e)").body[0]
     return ast.Try(body=[stmt], handlers=[ast.ExceptHandler(
         ast.Name("Exception", ast.Load()), "__e", [report])], orelse=[], finalbody=[])
 
@@ -146,9 +153,10 @@ class _Transform(ast.NodeTransformer):
         return node
 
 
-def make(generated: str, driven: bool) -> str | None:
+def make(generated: str, driven: bool, function: bool = False) -> str | None:
     """The runnable program made from ``generated`` (None: it does not compile
-    once transformed)."""
+    once transformed).  ``function``: the generated statements are the body of
+    a function, called once (its names are locals there)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -160,6 +168,14 @@ def make(generated: str, driven: bool) -> str | None:
         # (a module's ``global`` changes nothing, but after the prelude's
         # assignments it is a SyntaxError)
         tree.body = [s for s in tree.body if s not in future and not isinstance(s, ast.Global)]
+        body = tree.body or [ast.Pass()]
+        if function:
+            body = [ast.FunctionDef("__program__", ast.arguments([], [], None, [], [], None, []),
+                                    body, [], None, None, **({"type_params": []} if
+                                                             sys.version_info >= (3, 12)
+                                                             else {})),
+                    ast.parse("__program__()").body[0]]
+        tree.body = body
         tree = _Transform(catch=driven).visit(tree)
         tree.body = [*future, *ast.parse(PRELUDE).body, *tree.body,
                      *(ast.parse(EPILOGUE).body if driven else [])]
@@ -183,8 +199,8 @@ def programs(seed: int) -> list[tuple[str, str]]:
     """``[(kind, source), ...]``: the programs made from seed ``seed``."""
     generated = generate(seed)
     out = []
-    for kind in ("plain", "driven"):
-        source = make(generated, driven=kind == "driven")
+    for kind in KINDS:
+        source = make(generated, driven=kind == "driven", function=kind == "function")
         if source is not None:
             out.append((kind, source))
     return out

@@ -4,7 +4,7 @@
     python -m tests.fuzz.run --seeds 0:40        (those seeds only)
     python -m tests.fuzz.run --check FILE        (one program, plain vs vaccinated)
 
-Seeds are taken in order from ``--start``; each gives up to two programs
+Seeds are taken in order from ``--start``; each gives up to three programs
 (tests/fuzz/program.py).  A program whose two plain runs differ, or whose plain
 run is over its time budget, is not compared.  A difference is shrunk (fewest
 statements and expressions that still differ the same way, with
@@ -34,7 +34,7 @@ def kind_of(verdict: dict) -> tuple:
     plain, vacc = verdict["plain"], verdict["vaccinated"]
     if vacc is None:
         return ("no vaccinated result", verdict.get("why", "")[:40])
-    fields = tuple(k for k in ("stdout", "exception", "message", "lines", "status")
+    fields = tuple(k for k in ("stdout", "exception", "message", "lines", "chain", "status")
                    if plain.get(k) != vacc.get(k))
     return ("outcome", fields)
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     while seed < last and (args.seeds or counts["compared"] < args.n):
         made = program.programs(seed)
         counts["seeds"] += 1
-        counts["not compiled"] += 2 - len(made)
+        counts["not compiled"] += len(program.KINDS) - len(made)
         for kind, source in made:
             verdict = compare.run(source, args.budget)
             if verdict["verdict"] == "differs" and verdict["why"] == "over its time budget":
