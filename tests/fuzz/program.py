@@ -6,8 +6,11 @@ they come, nearly every one ends at its first statement with a NameError.
 Each seed gives one generated program and three programs made from it:
 
 * ``plain``: a prelude binds the six names (an int, a list, a str, a dict,
-  a function, an object with attributes and dunders), then the generated code
-  runs as it is; the first exception nobody handles ends it.
+  the harness's probe, an object with attributes and dunders), then the
+  generated code runs as it is; the first exception nobody handles ends it.
+  The probe (``__probe__``), called wherever the program calls ``name_4``,
+  prints what its caller's frame shows: the chain of the program's frames
+  (names and lines), the caller's names, the exception being handled.
 * ``function``: the same, the generated statements being the body of a
   function that the program calls (the six names are its locals where it
   assigns them, the prelude's globals elsewhere).
@@ -21,7 +24,7 @@ Each seed gives one generated program and three programs made from it:
 Each gets a loop guard: ``__guard__()`` at the top of every loop body and
 function body ends the program with ``Budget`` (a BaseException) after a fixed
 number of steps, so a program that would loop forever ends deterministically.
-``__guard__``, ``__caught__`` and ``Budget`` are given by the harness
+``__guard__``, ``__caught__``, ``__probe__`` and ``Budget`` are given by the harness
 (tests/fuzz/compare.py), never vaccinated.
 """
 
@@ -34,10 +37,6 @@ import warnings
 KINDS = ("plain", "function", "driven")
 
 PRELUDE = '''\
-def name_4(*args, **kwargs):
-    return len(args) + len(kwargs)
-
-
 class _Thing:
     name_0 = 0
     name_1 = 1
@@ -72,6 +71,7 @@ name_0 = 3
 name_1 = [0, 1, 2]
 name_2 = "ab"
 name_3 = {0: 1, "a": [2]}
+name_4 = __probe__
 name_5 = _Thing()
 '''
 
