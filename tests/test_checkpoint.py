@@ -467,6 +467,68 @@ def test_a_full_disk_leaves_no_partial_file_and_says_so_in_one_line(tmp_path, mo
     assert "\n" not in str(err.value) and os.listdir(tmp_path) == []
 
 
+def test_a_full_disk_is_named_when_the_writer_says_only_that_a_write_failed(tmp_path,
+                                                                            monkeypatch):
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    import errno
+    import types
+
+    from daifu.engine import _checkpoint
+
+    model = torch.nn.Linear(3, 3)  # noqa: F841 - found in this frame
+
+    def failed(obj, fh, *a, **kw):  # (torch's C++ writer, its OSError as the context)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write "
+                               "failed") from None
+
+    monkeypatch.setattr(torch, "save", failed)
+    with pytest.raises(_checkpoint.CheckpointError, match="No space left on device"):
+        _checkpoint.save(sys._getframe(), "here", None, directory=str(tmp_path))
+    # no errno at all: the space left on the file system says it
+    monkeypatch.setattr(torch, "save", lambda *a, **kw: (_ for _ in ()).throw(
+        RuntimeError("file write failed")))
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_bavail=3,
+                                                                          f_frsize=4096))
+    with pytest.raises(_checkpoint.CheckpointError) as err:
+        _checkpoint.save(sys._getframe(), "here", None, directory=str(tmp_path))
+    assert "No space left on device (RuntimeError: file write failed)" in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_checkpoint_names_never_collide_and_a_killed_saves_file_goes_at_the_next_save(
+        tmp_path, monkeypatch):
+    """Containers that share a directory have pids alike (pid 1 in each): the
+    name holds the rank, the host and a random part.  A save killed half-way
+    leaves its temporary file, nobody holding it: the next save removes it
+    (and leaves alone one that a live save holds)."""
+    import fcntl
+
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    from daifu.engine import _checkpoint
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    names = {_checkpoint._file_name() for _ in range(50)}
+    assert len(names) == 50
+    assert all("-rank3-" in n and f"-{os.getpid()}-" in n and n.endswith(".pt") for n in names)
+    dead = tmp_path / ".train-1.pt.0a1b2c.daifu.tmp"
+    dead.write_bytes(b"half a checkpoint")
+    live = tmp_path / ".train-2.pt.3d4e5f.daifu.tmp"
+    live.write_bytes(b"being written")
+    other = tmp_path / "notes.tmp"
+    other.write_text("not daifu's")
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        model = torch.nn.Linear(3, 3)  # noqa: F841 - found in this frame
+        done = _checkpoint.save(sys._getframe(), "here", None, directory=str(tmp_path))
+        left = sorted(p.name for p in tmp_path.iterdir())
+    assert done is not None and left == sorted([live.name, other.name,
+                                                os.path.basename(done["path"])])
+
+
 def test_large_state_is_announced_with_an_estimate(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch", reason="PyTorch not available")
     from daifu.engine import _checkpoint

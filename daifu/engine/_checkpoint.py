@@ -24,6 +24,7 @@ state to lose.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -288,22 +289,23 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
                 check_private(directory, "emergency checkpoints", CheckpointError)
         except OSError as exc:
             raise CheckpointError(f"cannot create {directory}: {exc.strerror or exc}") from None
-        main = sys.modules.get("__main__")
-        stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]
-        path = os.path.join(directory, f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-"
-                                       f"{os.getpid()}.pt")
+        path = os.path.join(directory, _file_name())
     path = os.path.abspath(path)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    _remove_dead_temporaries(os.path.dirname(path))
+    # (a unique name: containers that share the directory have pids alike)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.urandom(6).hex()}"
+                                              f"{_TMP}")
     started = time.perf_counter()
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                      0o600)
         try:
+            _hold(fd)  # (a save killed half-way leaves a file nobody holds: removed next time)
             with os.fdopen(fd, "wb") as fh:
                 torch.save(state, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
+                os.replace(tmp, path)  # (still held: nobody takes it for a dead save's)
         except BaseException:
             try:
                 os.unlink(tmp)
@@ -312,16 +314,102 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
             raise
     except OSError as exc:
         reason = exc.strerror or str(exc)
+        if _disk_full(exc, os.path.dirname(path), size):
+            reason = os.strerror(errno.ENOSPC)
         raise CheckpointError(f"cannot write the checkpoint {path}: {reason} "
                               "(nothing was written)") from None
-    except Exception as exc:  # torch.save refused something
-        raise CheckpointError(f"cannot write the checkpoint {path}: {type(exc).__name__}: "
-                              f"{exc} (nothing was written)") from None
+    except Exception as exc:  # torch.save refused something, or its writer failed
+        reason = f"{type(exc).__name__}: {exc}"
+        if _disk_full(exc, os.path.dirname(path), size):
+            reason = f"{os.strerror(errno.ENOSPC)} ({reason.splitlines()[0][:200]})"
+        raise CheckpointError(f"cannot write the checkpoint {path}: {reason} "
+                              "(nothing was written)") from None
     names = {kind: sorted(named) for kind, named in objects.items() if named}
     seconds = time.perf_counter() - started
     frameworks = _framework_checkpoints(found["trainers"], path, say)
     return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
             "objects": names, "position": found["position"], "frameworks": frameworks}
+
+
+#: the end of a temporary checkpoint file's name
+_TMP = ".daifu.tmp"
+
+
+def _file_name() -> str:
+    """``<script>-<time>[-rank<R>]-<host>-<pid>-<random>.pt``: unique across
+    the ranks of a job, the machines and the containers that share a
+    directory (a container's pids repeat another's: pid 1 in each)."""
+    import socket
+
+    from ._events import distributed
+
+    main = sys.modules.get("__main__")
+    stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]
+    rank = distributed().get("rank")
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return (f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+            + (f"-rank{rank}" if rank is not None else "")
+            + f"-{host or 'host'}-{os.getpid()}-{os.urandom(3).hex()}.pt")
+
+
+def _hold(fd: int) -> None:
+    """Lock the temporary file being written (released however the process
+    ends: ``_remove_dead_temporaries`` tells a live save from a dead one)."""
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (ImportError, OSError):
+        pass
+
+
+def _remove_dead_temporaries(directory: str) -> None:
+    """Remove the temporary files of saves that were killed half-way (SIGKILL,
+    a node lost) in ``directory``: this user's, not held by a live save."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(_TMP)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.getuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a save in progress (this job's other rank, another job)
+            os.unlink(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _disk_full(exc: BaseException, directory: str, size: int) -> bool:
+    """Did the write fail for want of space?  The errno where there is one
+    (torch's writer raises a RuntimeError "file write failed" without it),
+    else the space left on the file system."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return False
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < max(size, 1 << 20)
 
 
 def load_checkpoint(path: str, map_location: Any = None) -> dict[str, Any]:

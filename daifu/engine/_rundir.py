@@ -183,21 +183,25 @@ def unregister_job() -> None:
 
 def running_jobs() -> list[dict]:
     """The job files of this user's live daifu jobs (stale ones, of jobs
-    that were killed, are removed)."""
+    that were killed -- and their ``.stacks`` files: a rank ended by SIGTERM
+    or SIGKILL removes neither -- are removed)."""
     import json
 
     jobs = []
     for directory in runtime_dirs():
         for name in sorted(os.listdir(directory)):
-            if not name.endswith(".job") or not name[:-4].isdigit():
+            stem, dot, kind = name.rpartition(".")
+            if not dot or kind not in ("job", "stacks") or not stem.isdigit():
                 continue
             path = os.path.join(directory, name)
-            pid = int(name[:-4])
+            pid = int(stem)
             if not _alive(pid):
                 try:
                     os.unlink(path)
                 except OSError:
                     pass
+                continue
+            if kind != "job":
                 continue
             try:
                 with open(path, encoding="utf-8") as fh:
