@@ -518,3 +518,45 @@ def test_a_job_wide_decision_one_rank_cannot_take_is_refused_on_every_rank(rank_
     with pytest.raises(PatchError, match="retry for all ranks refused: rank 1 ran all_reduce"):
         _distributed.agree(RETRY, crash)
     peer.join()
+
+
+def test_a_key_that_cannot_be_had_is_said_when_the_rank_starts(tmp_path, monkeypatch):
+    from daifu.engine import _jobstore
+    from daifu.engine._events import capture
+
+    path = tmp_path / "job.key"
+    path.write_text("x" * 44)
+    path.chmod(0o644)  # others can read it
+    for name, value in (("DAIFU_JOB_KEY_FILE", str(path)), ("RANK", "3"), ("WORLD_SIZE", "4"),
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1"),
+                        ("TORCHELASTIC_RUN_ID", "k")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(_jobstore, "_relay", [])
+    with capture() as logs:
+        _jobstore.start_relay()
+    said = [e for e in logs if e["event"] == "relay.unavailable"]
+    assert len(said) == 1 and said[0]["store"] == "127.0.0.1:1", logs
+    assert said[0]["reason"].startswith(f"refusing the daifu key {path}")
+    assert "rank 3 is reached on this machine only" in said[0]["reason"]
+    assert _jobstore._relay == []
+
+
+def test_the_files_of_a_rank_killed_by_sigterm_are_removed(tmp_path, monkeypatch):
+    """A rank ended by SIGTERM (preemption: it dies of the signal, as under
+    python) leaves its job and stacks files; the next ``ps`` removes both."""
+    import subprocess
+    import sys
+
+    from daifu.engine._rundir import running_jobs
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("DAIFU_RUNTIME_DIR", str(run))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    pid = int(gone.stdout)
+    for name in (f"{pid}.job", f"{pid}.stacks", f"{os.getpid()}.stacks"):
+        (run / name).write_text("{}")
+        (run / name).chmod(0o600)
+    assert running_jobs() == []
+    assert sorted(p.name for p in run.iterdir()) == [f"{os.getpid()}.stacks"]  # (alive: kept)

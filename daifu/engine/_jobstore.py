@@ -536,19 +536,28 @@ _relay: list[Relay] = []
 
 def start_relay() -> None:
     """Start this rank's relay (once; never raises): when the job has a store
-    address, a rank and a key, and ``DAIFU_STORE_RELAY`` is not 0."""
+    address, a rank and a key, and ``DAIFU_STORE_RELAY`` is not 0.  A key
+    that cannot be had (missing where ``DAIFU_JOB_KEY_FILE`` points, others
+    can read it, too short) is said here, as the rank starts
+    (``relay.unavailable``), not first when someone sends it a command."""
     if _relay or not enabled():
         return
-    try:
-        from ._events import job_file_info
+    from ._events import RelayUnavailable, emit, job_file_info
 
+    where: dict = {}
+    try:
         where = job_file_info()
         if "store" not in where or "job" not in where or "rank" not in where:
             return
         addr, _, port = where["store"].rpartition(":")
         relay = Relay(where["job"], addr, int(port), int(where["rank"]), load_key(create=True))
-    except (SealError, ValueError):
-        return  # (no key to be had: this node's sockets still serve)
+    except SealError as exc:  # (this node's sockets still serve)
+        emit(RelayUnavailable(store=str(where.get("store")), reason=(
+            f"{exc} -- rank {where.get('rank')} is reached on this machine only, and its "
+            "decisions for all ranks are refused")))
+        return
+    except ValueError:
+        return
     _relay.append(relay)
     relay.start()
     try:  # stopped when the main thread ends, before anything is finalized (see stop)
@@ -635,9 +644,11 @@ class Channel:
         acting = message.get("op") in _ACTING
         idents: dict[int, str] = {}
         issued = time.time()
+        # (the deadline to take it: the whole wait, at most how long a command is valid)
+        take = min(timeout, _FRESH_S)
         for rank in targets:
             ident = idents[rank] = uuid.uuid4().hex
-            payload = {**message, "id": ident, "t": issued, "deadline": issued + timeout,
+            payload = {**message, "id": ident, "t": issued, "deadline": issued + take,
                        "reply": reply_queue, "live": live,
                        "origin": message.get("origin") or
                        f"store:{socket.gethostname()}:pid{os.getpid()}"}
@@ -649,6 +660,7 @@ class Channel:
         confirmed: set[int] = set()  # the ranks told to run it (``Relay._confirmed``)
         running: set[int] = set()
         deadline = time.monotonic() + timeout
+        take_by = time.monotonic() + take
         while len(answers) < len(targets) and time.monotonic() < deadline:
             try:
                 waiting = self.store.queue_len(reply_queue)
@@ -669,7 +681,7 @@ class Channel:
             if stage == "ready":
                 challenge = answer.get("challenge")
                 if acting and rank not in confirmed and isinstance(challenge, str) and \
-                        time.monotonic() < deadline:
+                        time.monotonic() < take_by:
                     self.store.set(_go_key(reply_queue, rank), seal(
                         self.key, f"go|{self.job}|{rank}|{idents[rank]}",
                         {"go": True, "challenge": challenge}))
@@ -696,7 +708,7 @@ class Channel:
                 self._cancel(rank, idents[rank], reply_queue)
                 answers[rank] = {
                     "ok": False, "delivered": False, "error":
-                    f"not delivered: rank {rank} did not take it within {timeout:g}s (it is "
+                    f"not delivered: rank {rank} did not take it within {take:g}s (it is "
                     "busy, gone, or someone holds the job's store up); cancelled, it will "
                     "never run"}
         return answers
