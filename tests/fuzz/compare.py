@@ -160,12 +160,44 @@ def _child(source: str, write_fd: int) -> None:
         os._exit(0)
 
 
+_WARM = "def f():\n    return name_9\n\ntry:\n    f()\nexcept NameError:\n    pass\nname_9\n"
+
+
+def _warm_up() -> None:
+    """One crash that daifu gives up, here in the parent: the first one of a
+    process loads what the engine needs (~0.3 s), each child inherits it."""
+    global _WARM
+    if not _WARM:
+        return
+    import importlib.metadata  # noqa: F401 - what daifu's first event imports (~0.3 s)
+
+    import structlog  # noqa: F401
+    options.strict, options.dump, options.cache = False, None, None
+    saved = {k: os.environ.get(k) for k in ("DAIFU_CONSOLE", "DAIFU_WAIT", "DAIFU_CHECKPOINT")}
+    os.environ.update(DAIFU_CONSOLE="0", DAIFU_WAIT="0", DAIFU_CHECKPOINT="0")
+    try:
+        ENGINE.reset()
+        code, _ = vaccinate_source(_WARM, "/daifu-fuzz/warm.py", Selection(("**",), True),
+                                   module="__main__")
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.suppress(NameError):
+            exec(code, {"__name__": "__main__"})
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ENGINE.reset()
+        _WARM = ""
+
+
 def run(source: str, budget: float = 2.0) -> dict:
     """Run ``source`` plain twice and vaccinated once; ``{"verdict": ...,
     "plain": outcome, "vaccinated": outcome}``.  ``budget``: seconds a plain
     run may take (the vaccinated one gets 3 times as much, plus a second)."""
     import linecache
 
+    _warm_up()
     linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
