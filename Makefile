@@ -4,14 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-3.11 test-3.13 check bench scenarios lint clean
+.PHONY: setup demo test test-3.11 test-3.13 check bench scenarios conformance lint clean
 
 # CPython 3.13: built from the source tarball in ../shared/toolchains when this
 # machine has none (about 4 minutes, once); torch is optional there
 PY313_BUILD ?= $(firstword $(wildcard ../shared/toolchains/python3.13 /work/shared/toolchains/python3.13))
 VENV313 ?= .venv-3.13
 
-$(VENV)/.installed: pyproject.toml setup.cfg daifu/engine/_routes.c daifu/engine/_csignals.c
+$(VENV)/.installed: pyproject.toml setup.cfg daifu/engine/_routes.c daifu/engine/_csignals.c daifu/hooks/_cmain.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
@@ -59,6 +59,14 @@ bench: setup
 ## scenarios: the crash benchmark with its restore-time table (docs/benchmark.md)
 scenarios: setup $(VENV)/.frameworks
 	$(PY) -m tests.scenarios.run --table docs/benchmark.md
+
+## conformance: CPython's whole regression suite (python -m test, -j2) on 3.11 and 3.13,
+## plain and with the test package vaccinated, compared test case by test case; fails on a
+## difference not in tests/conformance/known_differences.toml (hours: docs/conformance.md)
+conformance: setup
+	@test -x $(VENV313)/bin/python || test -n "$(PY313_BUILD)" || { echo "no CPython 3.13 toolchain (../shared/toolchains/python3.13)"; exit 1; }
+	test -x $(VENV313)/bin/python || { PY313=$$($(PY313_BUILD)) && $$PY313 -m venv $(VENV313) && $(VENV313)/bin/python -m pip install --quiet -e '.[test]'; }
+	$(PY) -m tests.conformance.run --python 3.11=$(PY) --python 3.13=$(VENV313)/bin/python
 
 .PHONY: soak-full fuzz
 

@@ -122,6 +122,7 @@ def pytest_configure(config):
         # built (pip needs a C compiler)
         import daifu.engine._csignals  # noqa: F401
         import daifu.engine._routes  # noqa: F401
+        import daifu.hooks._cmain  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_FRAMEWORKS") == "1":
         # the crash benchmark's Lightning and HF Trainer cases need them
         import lightning  # noqa: F401

@@ -272,17 +272,27 @@ def test_an_alarm_raised_while_handled_exceptions_pass_reaches_the_program(tmp_p
 INTERRUPTS = """
     import signal, sys
 
-    signal.signal(signal.SIGALRM, signal.default_int_handler)  # Ctrl-C, every 2 ms
+    armed = False
+
+    def ctrl_c(signum, frame):  # Ctrl-C every 2 ms, while the program expects it
+        global armed
+        if armed:
+            armed = False
+            signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGALRM, ctrl_c)
 
     def parse(x):
-        return int(x)
+        return {}[x]
 
     def run():
+        global armed
+        armed = True
         total = 0
         while True:
             try:
                 parse("not a number")
-            except ValueError:
+            except KeyError:
                 total += 1
 
     caught = 0
@@ -327,22 +337,100 @@ def test_signal_handlers_look_the_same_to_the_program(tmp_path):
 LEFTOVERS = """
     import sys, threading, time
     print(threading.active_count(), [t.name for t in threading.enumerate()])
-    time.sleep(1.0)  # (daifu's preload has run by now: DAIFU_PRELOAD=0.2)
+    time.sleep(3.0)  # (daifu's preload has run by now: DAIFU_PRELOAD=1.5)
     print(threading.active_count(), "structlog" in sys.modules or "daifu" not in sys.modules)
 """
 
 
-@pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"], ["-W", "default"]],
-                         ids=["dev", "error", "default"])
+@pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"]], ids=["dev", "error"])
 def test_no_thread_listed_and_no_resource_warning_at_exit(tmp_path, flags):
     # the stacks file (kept for faulthandler) was an unclosed file object:
     # "ResourceWarning: unclosed file" (with -W error "Exception ignored");
     # the preload thread was a threading.Timer listed from start-up
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(LEFTOVERS))
-    env = {**os.environ, "DAIFU_CONSOLE": "0", "DAIFU_PRELOAD": "0.2"}
+    env = {**os.environ, "DAIFU_CONSOLE": "0", "DAIFU_PRELOAD": "1.5"}
     outs = [subprocess.run([sys.executable, *flags, *mode, str(script)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60, env=env)
             for mode in ([], ["-m", "daifu"])]
     assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
         (0, "1 ['MainThread']\n1 True\n", "")] * 2, outs[1].stderr
+
+
+# -- daifu's own frames are not the program's -------------------------------------------
+
+FRAMES = """
+    import faulthandler, inspect, io, logging, sys, tempfile, traceback, warnings
+
+    print("f_back", sys._getframe().f_back)
+    print("stack", [f.function for f in inspect.stack()])
+    print("format_stack", len(traceback.format_stack()))
+
+    def depth(n=0):
+        try:
+            return depth(n + 1)
+        except RecursionError:
+            return n
+
+    print("recursion", depth())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.warn("far", stacklevel=5)
+    print("warning at", seen[0].filename, seen[0].lineno)
+    stream = io.StringIO()
+    logging.basicConfig(stream=stream)
+    logging.getLogger("x").error("hi", stack_info=True)
+    print("stack_info", stream.getvalue().count('File "'))
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(f, all_threads=False)
+        f.seek(0)
+        print("faulthandler", f.read().count("File "))
+
+    def hook(etype, value, tb):
+        print("hook", [f.name for f in traceback.extract_tb(tb)])
+    sys.excepthook = hook
+
+    def fail():
+        raise ValueError("x")
+
+    import atexit
+    atexit.register(lambda: print("last", [f.name for f in
+                                           traceback.extract_tb(sys.last_traceback)]))
+    fail()
+"""
+
+
+def test_the_script_is_the_bottom_of_the_stack_as_under_python(tmp_path):
+    # its <module> frame's f_back was daifu's runner: inspect, traceback,
+    # logging's stack_info, faulthandler, a warning's stack level, the
+    # recursion limit, the program's excepthook and sys.last_traceback all
+    # saw runpy's and daifu's frames
+    out = same_as_python(tmp_path, FRAMES)
+    assert "f_back None\nstack ['<module>']\n" in out.stdout
+    assert "hook ['<module>', 'fail']\nlast ['<module>', 'fail']\n" in out.stdout
+
+
+def test_safe_path_flags_leave_sys_path_as_python_makes_it(tmp_path):
+    for flags in ([], ["-P"], ["-I"], ["-s", "-E"]):
+        script = tmp_path / "prog.py"
+        script.write_text("import sys\nprint(sys.path, sys.flags.safe_path)\n")
+        outs = [subprocess.run([sys.executable, *flags, *mode, str(script)], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "DAIFU_CONSOLE": "0"})
+                for mode in ([], ["-m", "daifu"])]
+        assert outs[0].stdout == outs[1].stdout, (flags, outs[1].stderr)
+
+
+def test_pdb_sees_only_the_programs_frames(tmp_path):
+    # ``where`` listed runpy and the runner; ``step`` off the end of <module>
+    # walked into daifu.  (Past the end, pdb steps into threading's shutdown
+    # in a program that imported threading, as daifu does: this one does too)
+    script = tmp_path / "prog.py"
+    script.write_text("import threading\nx = 1\nbreakpoint()\ny = 2\n")
+    outs = [subprocess.run([sys.executable, *mode, str(script)], cwd=tmp_path,
+                           input="where\nstep\nstep\nstep\nstep\ncontinue\n",
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "DAIFU_CONSOLE": "0", "PYTHONBREAKPOINT": ""})
+            for mode in ([], ["-m", "daifu"])]
+    assert outs[1].stdout == outs[0].stdout, outs[1].stdout
+    assert "daifu" not in outs[1].stdout and "runpy" not in outs[1].stdout

@@ -502,18 +502,34 @@ def test_an_unsupported_python_is_refused_with_one_line_unless_unprotected(tmp_p
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
 
 
-def test_a_zipapp_runs_as_with_python(tmp_path):
+def test_a_zipapp_runs_as_with_python_and_is_vaccinated(tmp_path):
+    # its __main__ is vaccinated from the source zipimport reads out of the
+    # archive (it ran unmodified, with a warning): a crash there is taken
     import zipapp
 
     (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "__main__.py").write_text(
-        "import sys\nprint(sys.argv, sys.path[0].endswith('app.pyz'), __name__)\n")
+    (tmp_path / "app" / "__main__.py").write_text(textwrap.dedent("""\
+        import sys
+        print(sys.argv, sys.path[0].endswith('app.pyz'), __name__, __spec__.name,
+              __file__.endswith('app.pyz/__main__.py'), type(__loader__).__name__)
+        rows = {}
+        print(rows["a"] if len(sys.argv) > 2 else "")
+    """))
+    (tmp_path / "fixes.py").write_text(textwrap.dedent("""\
+        import daifu
+        @daifu.on(KeyError)
+        def add(crash):
+            crash.vars["rows"]["a"] = "fixed"
+            return daifu.RETRY
+    """))
     zipapp.create_archive(tmp_path / "app", tmp_path / "app.pyz")
     expected = python(["app.pyz", "x"], cwd=tmp_path)
     got = daifu(["app.pyz", "x"], cwd=tmp_path)
     assert (got.returncode, got.stdout) == (expected.returncode, expected.stdout)
-    assert expected.stdout == "['app.pyz', 'x'] True __main__\n"
-    assert "zip application; it runs unmodified" in got.stderr
+    assert expected.stdout == "['app.pyz', 'x'] True __main__ __main__ True zipimporter\n\n"
+    assert "runs unmodified" not in got.stderr
+    fixed = daifu(["--fixes", "fixes.py", "app.pyz", "x", "y"], cwd=tmp_path)
+    assert (fixed.returncode, fixed.stdout.splitlines()[-1]) == (0, "fixed"), fixed.stderr
 
 
 def test_a_script_with_a_nul_byte_is_named_in_the_error(tmp_path):

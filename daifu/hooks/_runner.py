@@ -17,7 +17,6 @@ import importlib.util
 import os
 import runpy
 import sys
-import threading
 import types
 import warnings
 
@@ -214,13 +213,17 @@ def main(argv: list[str] | None = None) -> None:
 
         _preempt.install(cfg.grace)
     load_fixes(cfg.fixes, fatal=True)
-    _install_excepthook()
     atexit.register(_summary)
     _register_job(script, module, args, cfg)
-    if module is not None:
-        _run_module(module, args, cfg)
-    elif script is not None:
-        _run_script(script, args, cfg)
+    try:
+        if module is not None:
+            _run_module(module, args, cfg)
+        elif script is not None:
+            _run_script(script, args, cfg)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the program dies of it, as under python
+        _died(exc)
 
 
 def _register_job(script, module, args, cfg) -> None:
@@ -333,20 +336,55 @@ def _run_script(script: str, args: list[str], cfg: Config) -> None:
                              f"{os.path.join(os.getcwd(), script)!r}\n")
             raise SystemExit(1)
         sys.argv[:] = [script, *args]
-        sys.path[0] = path
+        _path0(path, always=True)
         _run_file(main_file, cfg)
         return
     if not path.endswith(".py") and _is_zip(path):  # a zipapp, as python runs it
-        warnings.warn(f"daifu: {script} is a zip application; it runs unmodified (daifu "
-                      "vaccinates source files: unzip it and run its __main__.py)",
-                      NotVaccinatedWarning, stacklevel=2)
         sys.argv[:] = [script, *args]
-        del sys.path[0]  # run_path puts the archive there
-        runpy.run_path(script, run_name="__main__")
+        _path0(path, always=True)
+        _run_zip(script, path, cfg)
         return
     sys.argv[:] = [script, *args]
-    sys.path[0] = os.path.dirname(path)
+    _path0(os.path.dirname(path))
     _run_file(path, cfg)
+
+
+def _path0(entry: str, always: bool = False) -> None:
+    """``sys.path[0]`` as python makes it for the program: ``python -m
+    daifu`` put the current directory there, python would put the script's
+    (or the directory's, the archive's) -- except under ``-P``/``-I``
+    (``sys.flags.safe_path``), where it puts nothing for a script, and for
+    ``-m daifu`` put nothing either; a directory or an archive it always
+    puts first."""
+    if not sys.flags.safe_path:
+        sys.path[0] = entry
+    elif always:
+        sys.path.insert(0, entry)
+
+
+def _run_zip(script: str, archive: str, cfg: Config) -> None:
+    """A zip application: its ``__main__`` vaccinated from the source that
+    zipimport reads out of the archive, as ``python app.zip`` runs it
+    (``__file__`` inside the archive, the zipimporter its loader)."""
+    import zipimport
+
+    try:
+        importer = zipimport.zipimporter(archive)
+        spec = importer.find_spec("__main__")
+        source = importer.get_data("__main__.py") if spec is not None else None
+    except (zipimport.ZipImportError, OSError):
+        spec = source = None
+    if spec is None or source is None or spec.origin is None:  # no __main__.py in it
+        sys.stderr.write(f"{sys.executable}: can't find '__main__' module in "
+                         f"{os.path.join(os.getcwd(), script)!r}\n")
+        raise SystemExit(1)
+    main = _new_main(spec.origin, spec, importer)
+    try:
+        code = _compile_main(source, spec.origin, cfg)
+    except SyntaxError as exc:
+        _syntax_error(exc)
+    _check_entries(cfg)
+    _exec_main(code, main)
 
 
 def _is_zip(path: str) -> bool:
@@ -378,7 +416,21 @@ def _run_file(path: str, cfg: Config) -> None:
     except SyntaxError as exc:
         _syntax_error(exc)
     _check_entries(cfg)
-    exec(code, main.__dict__)
+    _exec_main(code, main)
+
+
+def _exec_main(code: types.CodeType, main: types.ModuleType) -> None:
+    """Run the program's main code as python runs it: with no frame of
+    runpy's or daifu's below its ``<module>`` frame (``_cmain``, where built:
+    ``f_back`` None, ``inspect.stack()``, tracebacks, faulthandler and
+    ``warnings`` stack levels as under python, the recursion limit counted
+    from it); else through ``exec`` (docs/limitations.md)."""
+    try:
+        from . import _cmain  # type: ignore[attr-defined]
+    except ImportError:
+        exec(code, main.__dict__)
+        return
+    _cmain.run(code, main.__dict__)
 
 
 def _run_module(name: str, args: list[str], cfg: Config) -> None:
@@ -416,7 +468,7 @@ def _run_module(name: str, args: list[str], cfg: Config) -> None:
     except SyntaxError as exc:
         _syntax_error(exc)
     _check_entries(cfg)
-    exec(code, main.__dict__)
+    _exec_main(code, main)
 
 
 def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -461,20 +513,45 @@ def _exit_by_sigint() -> None:
         pass
 
 
-def _install_excepthook() -> None:
-    previous = sys.excepthook
-
-    def excepthook(etype, value, tb):
+def _died(exc: BaseException) -> NoReturn:
+    """The program dies of ``exc``: what python does for an exception that
+    reaches the top (``PyErr_Print``) -- ``sys.last_exc``/``last_type``/
+    ``last_value``/``last_traceback`` set, the ``sys.excepthook`` audit
+    event, the program's own ``sys.excepthook`` called (an error in it
+    reported as python reports it), exit status 1, and for
+    ``KeyboardInterrupt`` the exit through SIGINT -- with a traceback that
+    starts at the program's frame: neither the hook nor ``sys.last_traceback``
+    sees runpy or daifu.  daifu's summary comes first."""
+    tb = strip_traceback(exc.__traceback__) or exc.__traceback__  # (daifu's own failure: all)
+    exc.__traceback__ = tb
+    try:
+        _summary(exc)
+    except Exception:
+        pass
+    etype = type(exc)
+    sys.last_type, sys.last_value, sys.last_traceback = etype, exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc  # type: ignore[attr-defined]
+    hook = getattr(sys, "excepthook", None)
+    sys.audit("sys.excepthook", hook, etype, exc, tb)
+    if hook is None:
+        sys.stderr.write("sys.excepthook is missing\n")
+        _display(exc)
+    else:
         try:
-            _summary(value)
-        except Exception:
-            pass
-        stripped = strip_traceback(tb)
-        if stripped is not tb and value is not None:
-            value.__traceback__ = stripped
-        previous(etype, value, stripped)
-        if etype is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
-            _exit_by_sigint()
+            hook(etype, exc, tb)
+        except SystemExit:
+            raise
+        except BaseException as err:
+            sys.stderr.write("Error in sys.excepthook:\n")
+            _display(err)
+            sys.stderr.write("\nOriginal exception was:\n")
+            _display(exc)
+    if etype is KeyboardInterrupt:
+        _exit_by_sigint()
+    raise SystemExit(1)
 
-    excepthook._daifu = True  # type: ignore[attr-defined]
-    sys.excepthook = excepthook
+
+def _display(exc: BaseException) -> None:
+    """``PyErr_Display``: the default hook's output, whatever the hook is now."""
+    sys.__excepthook__(type(exc), exc, exc.__traceback__)
