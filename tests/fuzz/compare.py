@@ -40,6 +40,17 @@ STEPS = 5000  # loop iterations and function calls (__guard__) per run
 MEMORY = 1 << 30  # the child's address space (bytes) on top of what it has at fork
 
 
+# how the program is vaccinated: every function and the module code (the
+# default); or as `python -m daifu` does by default (functions with a loop,
+# the module code, every other function at import: "eager"), or with --lazy
+# (every other function at its first call: "lazy")
+SELECTIONS = {
+    "all": Selection(("**",), True),
+    "eager": Selection(("*",), True, lazy=True, eager=True),
+    "lazy": Selection(("*",), True, lazy=True),
+}
+
+
 class Budget(BaseException):
     """A run used its ``STEPS``."""
 
@@ -120,7 +131,7 @@ def _chain(exc: BaseException) -> list[str]:
     return out
 
 
-def _child(source: str, write_fd: int) -> None:
+def _child(source: str, write_fd: int, selection: Selection) -> None:
     os.setpgid(0, 0)  # (the parent kills the group)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -148,8 +159,7 @@ def _child(source: str, write_fd: int) -> None:
         # function that cannot be vaccinated an error, and turns off the cache)
         options.strict, options.dump, options.cache = False, None, None
         ENGINE.reset()
-        vcode, report = vaccinate_source(source, FILENAME, Selection(("**",), True),
-                                         module="__main__")
+        vcode, report = vaccinate_source(source, FILENAME, selection, module="__main__")
         if report.skipped:
             send({"skipped": [list(s) for s in report.skipped]})
         send(_outcome(vcode))
@@ -191,10 +201,11 @@ def _warm_up() -> None:
         _WARM = ""
 
 
-def run(source: str, budget: float = 2.0) -> dict:
+def run(source: str, budget: float = 2.0, mode: str = "all") -> dict:
     """Run ``source`` plain twice and vaccinated once; ``{"verdict": ...,
     "plain": outcome, "vaccinated": outcome}``.  ``budget``: seconds a plain
-    run may take (the vaccinated one gets 3 times as much, plus a second)."""
+    run may take (the vaccinated one gets 3 times as much, plus a second);
+    ``mode``: a key of SELECTIONS."""
     import linecache
 
     _warm_up()
@@ -205,7 +216,7 @@ def run(source: str, budget: float = 2.0) -> dict:
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(source, write_fd)
+        _child(source, write_fd, SELECTIONS[mode])
     os.close(write_fd)
     results: list[dict] = []
     buffer = b""

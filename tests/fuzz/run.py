@@ -39,7 +39,8 @@ def kind_of(verdict: dict) -> tuple:
     return ("outcome", fields)
 
 
-def shrink(source: str, verdict: dict, budget: float, limit_s: float = 300.0) -> str:
+def shrink(source: str, verdict: dict, budget: float, mode: str = "all",
+           limit_s: float = 300.0) -> str:
     """The smallest program pysource-minimize finds that differs the same way."""
     from pysource_minimize import StopMinimization, minimize
 
@@ -49,7 +50,7 @@ def shrink(source: str, verdict: dict, budget: float, limit_s: float = 300.0) ->
     def still_differs(candidate: str) -> bool:
         if time.monotonic() > deadline:
             raise StopMinimization
-        got = compare.run(candidate, budget)
+        got = compare.run(candidate, budget, mode)
         return got["verdict"] == "differs" and kind_of(got) == wanted
 
     try:
@@ -88,11 +89,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="shrink at most this many differences (default 20)")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "fuzz",
                         help="folder for findings.txt and summary.json (default .cache/fuzz)")
+    parser.add_argument("--mode", choices=sorted(compare.SELECTIONS), default="all",
+                        help="what is vaccinated: all (every function, the default), eager "
+                        "(python -m daifu's default), lazy (--lazy)")
     parser.add_argument("--check", type=Path, help="compare this one program and exit")
     args = parser.parse_args(argv)
 
     if args.check:
-        verdict = compare.run(args.check.read_text(), args.budget)
+        verdict = compare.run(args.check.read_text(), args.budget, args.mode)
         print(compare.explain(verdict))
         return 0 if verdict["verdict"] == "same" else 1
 
@@ -111,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         counts["seeds"] += 1
         counts["not compiled"] += len(program.KINDS) - len(made)
         for kind, source in made:
-            verdict = compare.run(source, args.budget)
+            verdict = compare.run(source, args.budget, args.mode)
             if verdict["verdict"] == "differs" and verdict["why"] == "over its time budget":
                 # (a busy machine: once more, with five times the time)
                 counts["rerun (time budget)"] += 1
-                verdict = compare.run(source, args.budget * 5)
+                verdict = compare.run(source, args.budget * 5, args.mode)
             counts[verdict["verdict"]] += 1
             if verdict["verdict"] in ("same", "differs"):
                 counts["compared"] += 1
@@ -127,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             small = source
             if shrunk < args.shrink:
                 shrunk += 1
-                small = shrink(source, verdict, args.budget)
+                small = shrink(source, verdict, args.budget, args.mode)
             if small in seen:
                 continue
             seen.add(small)
-            again = compare.run(small, args.budget)
+            again = compare.run(small, args.budget, args.mode)
             with findings.open("a") as f:
-                f.write(entry(f"seed{seed}-{kind}-py{python}", "new", f"{kind_of(verdict)}",
-                              small))
+                f.write(entry(f"seed{seed}-{kind}-{args.mode}-py{python}", "new",
+                              f"{kind_of(verdict)}", small))
             print(f"shrunk to {len(small.splitlines())} lines:\n{small}\n"
                   f"{compare.explain(again)[:3000]}", flush=True)
         seed += 1
@@ -142,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - started:7.0f}s] seed {seed}: {dict(counts)}",
                   flush=True)
     elapsed = time.monotonic() - started
-    summary = {"python": platform.python_version(), "first_seed": first, "last_seed": seed - 1,
+    summary = {"python": platform.python_version(), "mode": args.mode,
+               "first_seed": first, "last_seed": seed - 1,
                "seconds": round(elapsed), **counts}
-    (args.out / f"summary-{python}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"Python {summary['python']}: seeds {first}..{seed - 1}, "
+    (args.out / f"summary-{python}-{args.mode}.json").write_text(
+        json.dumps(summary, indent=1) + "\n")
+    print(f"Python {summary['python']} ({args.mode}): seeds {first}..{seed - 1}, "
           f"{counts['compared']} programs compared, {counts['same']} identical, "
           f"{counts['differs']} differ ({counts['unstable']} unstable and {counts['slow']} "
           f"over budget not compared; {counts['harness']} harness failures; "
