@@ -26,6 +26,7 @@ import fnmatch
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -56,17 +57,18 @@ FAST = ["test_exceptions", "test_generators", "test_contextlib", "test_with", "t
 #: runs longer is killed and counted TIMEOUT)
 REGRTEST = ["--timeout", "1200"]
 
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
+#: what changes from run to run in libregrtest's warnings: addresses, id()s
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\b\d{9,}\b")
 _STR_ID = re.compile(r"^(\S+) \((\S+)\)(.*)$", re.S)
 
 
 @dataclass
 class Side:
-    """One run of the suite: module -> (state, warnings), test id -> outcome."""
+    """One run of the suite: module -> (state, warnings), (module, test id) ->
+    outcome (a test class imported by several modules runs in each)."""
     modules: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
-    tests: dict[str, str] = field(default_factory=dict)
-    detail: dict[str, str] = field(default_factory=dict)
-    module_of: dict[str, str] = field(default_factory=dict)
+    tests: dict[tuple[str, str], str] = field(default_factory=dict)
+    detail: dict[tuple[str, str], str] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     wall: float = 0.0
 
@@ -111,15 +113,21 @@ def load(path: Path) -> Side:
     for raw in path.read_text(encoding="utf-8").splitlines():
         rec = json.loads(raw)
         module = rec["module"]
-        warnings = tuple(sorted({_HEX.sub("0x?", w.removeprefix(module + " "))
-                                 for w in rec.get("warnings", [])}))
+        merged: list[str] = []  # ("  Before: ...", "  After: ..." go with their warning)
+        for w in rec.get("warnings", []):
+            w = _ADDRESS.sub("?", w.removeprefix(module + " "))
+            if w[:1].isspace() and merged:
+                merged[-1] += " | " + w.strip()
+            else:
+                merged.append(w)
+        warnings = tuple(sorted(set(merged)))
         side.modules[module] = (rec["state"] or "NONE", warnings)
         found: dict[str, set[str]] = {}
 
-        def put(test_id, outcome, detail="", _found=found):
+        def put(test_id, outcome, detail="", _found=found, _module=module):
             _found.setdefault(test_id, set()).add(outcome)
             if detail:
-                side.detail.setdefault(test_id, detail)
+                side.detail.setdefault((_module, test_id), detail)
 
         for blob in rec.get("xml", []):
             for case in ET.fromstring(blob).iter("testcase"):
@@ -144,13 +152,28 @@ def load(path: Path) -> Side:
                 if outcome not in found.get(test_id, ()):
                     put(test_id, outcome, _first_line(tb))
         for test_id, outcomes in found.items():
-            side.tests[test_id] = "+".join(sorted(outcomes))
-            side.module_of[test_id] = module
+            side.tests[module, test_id] = "+".join(sorted(outcomes))
         side.stats[module] = len(found)
     return side
 
 
 def compare(python: str, plain: Side, daifu: Side) -> list[Difference]:
+    """The differences: of a test case's outcome; of a module's environment
+    warnings; of a module's state where neither of those says it (a crash, a
+    timeout, a failure with no failing test case, ...)."""
+    tests: list[Difference] = []
+    for key in sorted(set(plain.tests) | set(daifu.tests)):
+        p = plain.tests.get(key, "absent")
+        d = daifu.tests.get(key, "absent")
+        if p == d:
+            continue
+        module, test_id = key
+        if "absent" in (p, d) and plain.modules.get(module, ("",))[0] != \
+                daifu.modules.get(module, ("",))[0]:
+            continue  # the module's own difference says it (it crashed, timed out, ...)
+        detail = daifu.detail.get(key) or plain.detail.get(key, "")
+        tests.append(Difference(python, "test", test_id, p, d, module, detail))
+    with_tests = {d.module for d in tests}
     out: list[Difference] = []
     for module in sorted(set(plain.modules) | set(daifu.modules)):
         p_state, p_warn = plain.modules.get(module, ("ABSENT", ()))
@@ -159,23 +182,14 @@ def compare(python: str, plain: Side, daifu: Side) -> list[Difference]:
         for w in warn_diff:
             out.append(Difference(python, "warning", module, "yes" if w in p_warn else "-",
                                   "yes" if w in d_warn else "-", module, w))
-        explained = warn_diff and {p_state, d_state} == {"PASSED", "ENV_CHANGED"}
+        ordinary = {p_state, d_state} <= {"PASSED", "ENV_CHANGED", "FAILED"}
+        explained = ordinary and ((warn_diff and "FAILED" not in (p_state, d_state))
+                                  or module in with_tests)
         if p_state != d_state and not explained:
             out.append(Difference(python, "module", module, p_state, d_state, module,
                                   f"test cases: {plain.count(module)} plain, "
                                   f"{daifu.count(module)} daifu"))
-    for test_id in sorted(set(plain.tests) | set(daifu.tests)):
-        p = plain.tests.get(test_id, "absent")
-        d = daifu.tests.get(test_id, "absent")
-        if p == d:
-            continue
-        module = plain.module_of.get(test_id) or daifu.module_of[test_id]
-        if "absent" in (p, d) and plain.modules.get(module, ("",))[0] != \
-                daifu.modules.get(module, ("",))[0]:
-            continue  # the module's own difference says it (it crashed, timed out, ...)
-        detail = daifu.detail.get(test_id) or plain.detail.get(test_id, "")
-        out.append(Difference(python, "test", test_id, p, d, module, detail))
-    return out
+    return out + tests
 
 
 def load_known(path: Path = KNOWN) -> tuple[list[dict], list[dict], list[dict]]:
@@ -239,28 +253,40 @@ def check(python: str, exe: Path, out: Path, tests: list[str], jobs: int, known:
     ignore = [e["id"] for e in exclude if python in e.get("python", [python])]
     plain = run_side(python, exe, out, "plain", tests, jobs, False, log, ignore)
     daifu = run_side(python, exe, out, "daifu", tests, jobs, True, log, ignore)
-    report = Report(python, plain, daifu)
-    unlisted = []
-    for diff in compare(python, plain, daifu):
+    report = classify(Report(python, plain, daifu), known, flaky)
+    if report.new and confirm:  # once more, both sides: does it recur?
+        again = sorted({d.module for d in report.new})
+        start = time.monotonic()
+        jobs = min(jobs, len(again))
+        run_side(python, exe, out, "plain-again", again, jobs, False, log, ignore)
+        run_side(python, exe, out, "daifu-again", again, jobs, True, log, ignore)
+        report.confirm_wall = time.monotonic() - start
+        report = classify(report, known, flaky, out)
+    return report
+
+
+def classify(report: Report, known: list[dict], flaky: list[dict],
+             again: Path | None = None) -> Report:
+    """Sort the differences: listed, flaky (listed as flaky, or, when the modules
+    that differ were run again (``plain-again``, ``daifu-again`` in *again*), not
+    the same on both sides the second time), new."""
+    recurring = None
+    if again is not None and (again / "plain-again.jsonl").exists():
+        plain2, daifu2 = load(again / "plain-again.jsonl"), load(again / "daifu-again.jsonl")
+        recurring = {(d.kind, d.id, d.plain, d.daifu)
+                     for d in compare(report.python, plain2, daifu2)}
+        rerun = set(plain2.modules) & set(daifu2.modules)
+    report.known, report.flaky, report.new = [], [], []
+    for diff in compare(report.python, report.plain, report.daifu):
         if any(matches(e, diff) for e in known):
             report.known.append(diff)
         elif any(matches(e, diff) for e in flaky):
             report.flaky.append(diff)
+        elif recurring is not None and diff.module in rerun and \
+                (diff.kind, diff.id, diff.plain, diff.daifu) not in recurring:
+            report.flaky.append(diff)
         else:
-            unlisted.append(diff)
-    if unlisted and confirm:  # once more, both sides: does it recur?
-        again = sorted({d.module for d in unlisted})
-        start = time.monotonic()
-        jobs = min(jobs, len(again))
-        plain2 = run_side(python, exe, out, "plain-again", again, jobs, False, log, ignore)
-        daifu2 = run_side(python, exe, out, "daifu-again", again, jobs, True, log, ignore)
-        report.confirm_wall = time.monotonic() - start
-        recurring = {(d.kind, d.id, d.plain, d.daifu) for d in compare(python, plain2, daifu2)}
-        for diff in unlisted:
-            (report.new if (diff.kind, diff.id, diff.plain, diff.daifu) in recurring
-             else report.flaky).append(diff)
-    else:
-        report.new = unlisted
+            report.new.append(diff)
     return report
 
 
@@ -315,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         ver, _, path = spec.partition("=")
         pythons[ver] = Path(path) if path else PYTHONS[ver]
     known, flaky, exclude = load_known(ns.known)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # (started in the background by a shell: SIGINT ignored, and the workers would
+        # inherit that; the tests that interrupt themselves, _thread.interrupt_main(),
+        # would then hang)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -325,11 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         out = ns.out / ver
         if ns.compare:
             plain, daifu = load(out / "plain.jsonl"), load(out / "daifu.jsonl")
-            r = Report(ver, plain, daifu)
-            for diff in compare(ver, plain, daifu):
-                (r.known if any(matches(e, diff) for e in known) else r.flaky
-                 if any(matches(e, diff) for e in flaky) else r.new).append(diff)
-            reports.append(r)
+            reports.append(classify(Report(ver, plain, daifu), known, flaky, out))
             continue
         if not exe.exists():
             log(f"[{ver}] no interpreter at {exe} (make test-3.13 builds .venv-3.13)")
