@@ -228,9 +228,15 @@ OPTIONS: tuple[Option, ...] = (
            field="fixes", parse=_files,
            export=lambda cfg: os.pathsep.join(os.path.abspath(f) for f in cfg.fixes)
            if cfg.fixes else None),
-    Option(("--modules",), "also vaccinate these modules (comma-separated dotted globs)",
+    Option(("--modules",), "the modules to vaccinate besides the script (comma-separated "
+           "dotted globs); by default, the modules under the script's directory (the -m "
+           "package's); '+PATTERNS': those and these; '-': none",
            metavar="PATTERNS", env="DAIFU_MODULES", field="modules",
            export=lambda cfg: cfg.modules),
+    Option(("--explain",), "say what is vaccinated and why (the project, each module "
+           "vaccinated or not), on stderr",
+           env="DAIFU_EXPLAIN", env_value="1", field="explain", const=True, parse=_switch,
+           expects=_ON_OFF),
     Option(("--entry",), "functions to vaccinate (qualname globs; '*' = every function with a "
            "loop, the default; '<module>' = module code); every other function and method is "
            "vaccinated at import", metavar="PATTERNS", env="DAIFU_ENTRY", field="entry",
@@ -300,9 +306,12 @@ OPTIONS: tuple[Option, ...] = (
            expects="a number of seconds", export=lambda cfg: f"{cfg.grace:g}"),
     Option(("-V", "--version"), "show daifu's version, the Python it runs on and whether the "
            "barrier's C check is in use, and exit", version=True),
-    # a variable without an option (read by engine/_preload.py)
+    # variables without an option
     Option((), "import what a crash needs S seconds after start (default 2; 0: at the crash)",
-           env="DAIFU_PRELOAD", env_value="S"),
+           env="DAIFU_PRELOAD", env_value="S"),  # (read by engine/_preload.py)
+    Option((), "the project a child process vaccinates (set by python -m daifu)",
+           env="DAIFU_PROJECT", env_value="DIR:NAMES", field="project",
+           export=lambda cfg: cfg.project or None),
 )
 
 #: the options by spelling (the argv split)
@@ -357,7 +366,13 @@ class Config:
     checkpoint_dir: str = ""
     #: seconds SIGTERM waits for the training loop's iteration to finish
     grace: float = 25.0
+    #: say what is vaccinated and why
+    explain: bool = False
+    #: the program's project (``_project.Project.to_env``: ``root:names``), "" for none
+    project: str = ""
     matcher: ModuleMatcher = field(default_factory=lambda: ModuleMatcher(()))
+    #: the project's modules are vaccinated (``--modules`` unset, or ``+...``)
+    use_project: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -386,7 +401,9 @@ class Config:
             opt.from_command_line(self, ns)
 
     def validate(self) -> None:
-        self.matcher = ModuleMatcher.parse(self.modules)
+        text = self.modules.strip()
+        self.use_project = not text or text.startswith("+")
+        self.matcher = ModuleMatcher.parse("" if text == "-" else text.removeprefix("+"))
         if self.max_attempts < 1:
             raise ConfigError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.grace >= 0:  # (NaN too)
@@ -398,6 +415,14 @@ class Config:
         for pattern in self.entry:
             if not pattern or any(ch.isspace() for ch in pattern):
                 raise ConfigError(f"bad DAIFU_ENTRY pattern {pattern!r}")
+
+    def the_project(self):
+        """The project whose modules are vaccinated (``_project.Project``), or None."""
+        if not (self.use_project and self.project):
+            return None
+        from ._project import Project
+
+        return Project.from_env(self.project)
 
     def selection(self, module_level: bool = False) -> Selection:
         return Selection(entries=self.entry, module_level=module_level, lazy=self.lazy,

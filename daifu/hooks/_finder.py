@@ -54,9 +54,15 @@ class DaifuFinder:
     """Claims source modules whose dotted name matches ``matcher``."""
 
     def __init__(self, matcher: ModuleMatcher, selection: Selection,
-                 on_import: dict[str, Any] | None = None):
+                 on_import: dict[str, Any] | None = None, project: Any = None,
+                 explain: bool = False):
         self.matcher = matcher
         self.selection = selection
+        #: the program's project (``_project.Project``): its modules are
+        #: vaccinated too, when their file lives under its directory
+        self.project = project
+        #: ``--explain``: each decision said on stderr
+        self.explain = explain
         self._tls = threading.local()
         #: module name -> patch called once the program imports that module
         #: (``multiprocessing.spawn``: children activate daifu;
@@ -66,7 +72,9 @@ class DaifuFinder:
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         if self.on_import and fullname in self.on_import:
             return self._patched(fullname, path, target)
-        if not self.matcher.matches(fullname) or getattr(self._tls, "busy", False):
+        named = self.matcher.matches(fullname)
+        if not (named or (self.project is not None and self.project.matches(fullname))) \
+                or getattr(self._tls, "busy", False):
             return None
         self._tls.busy = True
         try:
@@ -74,7 +82,20 @@ class DaifuFinder:
         finally:
             self._tls.busy = False
         if spec is None or type(spec.loader) is not SourceFileLoader or not spec.origin:
+            if self.explain and spec is not None:
+                _say(f"not vaccinated {fullname}: not a source file "
+                     f"({type(spec.loader).__name__})")
             return None
+        if not named:
+            why = self.project.refuses(spec.origin)
+            if why is not None:
+                if self.explain:
+                    _say(f"not vaccinated {fullname} ({spec.origin}): {why}")
+                return None
+        if self.explain:
+            _say(f"vaccinated {fullname} ({spec.origin}): " + (
+                f"--modules/DAIFU_MODULES {self.matcher.which(fullname)!r}" if named
+                else f"in the project, {self.project.root}"))
         spec.loader = DaifuLoader(fullname, spec.origin, self.selection)
         spec.cached = None
         return spec
@@ -105,8 +126,21 @@ class DaifuFinder:
     def invalidate_caches(self) -> None:
         pass
 
+    def claims(self, fullname: str, origin: str | None) -> bool:
+        """Would this finder vaccinate the module ``fullname`` at ``origin``
+        (one imported before it was installed)?"""
+        if self.matcher.matches(fullname):
+            return True
+        return (self.project is not None and origin is not None
+                and self.project.matches(fullname) and self.project.refuses(origin) is None)
+
     def __repr__(self) -> str:
         return f"<DaifuFinder {self.matcher!r}>"
+
+
+def _say(text: str) -> None:
+    """``--explain``: one line on stderr."""
+    sys.stderr.write(f"daifu: {text}\n")
 
 
 # A module with a syntax error must fail the way it fails without daifu: the

@@ -50,13 +50,16 @@ def install(modules: str | None = None, entry: str | None = None,
     # spawned children must activate daifu; worker DataLoaders remember the
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
+    # and compiles the original code of vaccinated functions (``cells._dynamo``)
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
                "torch.utils.data.dataloader": lambda: record_sent_indices(),
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
+               "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out
                "torch.distributed.distributed_c10d": lambda: extend_collective_timeouts()}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
-    _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later)
+    _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
+                          project=cfg.the_project(), explain=cfg.explain)
     sys.meta_path.insert(0, _finder)
     for name, patch in patches.items():
         if name not in later:
@@ -69,16 +72,24 @@ def install(modules: str | None = None, entry: str | None = None,
     return Installation(_finder)
 
 
+def _compile_original() -> None:
+    from ..cells._dynamo import trace_original
+
+    trace_original()
+
+
 def _vaccinate_imported(cfg: Config) -> None:
     """Modules ``DAIFU_MODULES`` names that were imported before the hook was
     installed (by the interpreter's start-up, by daifu, by the program before
     ``daifu.install()``) are vaccinated in place."""
-    if not cfg.matcher:
+    finder = _finder
+    if finder is None or not (cfg.matcher or finder.project is not None):
         return
     from ._finder import vaccinate_in_place
 
     for name, module in list(sys.modules.items()):
-        if module is not None and cfg.matcher.matches(name) and name != "__main__":
+        if module is not None and name != "__main__" \
+                and finder.claims(name, getattr(module, "__file__", None)):
             vaccinate_in_place(module, cfg.selection())
 
 

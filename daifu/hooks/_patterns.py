@@ -94,5 +94,10 @@ class ModuleMatcher:
         parts = fullname.split(".")
         return any(p.matches(parts) for p in self.patterns)
 
+    def which(self, fullname: str) -> str:
+        """The first pattern that matches ``fullname`` ("" for none)."""
+        parts = fullname.split(".")
+        return next((p.text for p in self.patterns if p.matches(parts)), "")
+
     def __repr__(self) -> str:
         return f"ModuleMatcher({','.join(p.text for p in self.patterns)!r})"

@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
                              f"[Errno 2] No such file or directory\n")
             raise SystemExit(2)
         cfg.main = os.path.abspath(script)
+    if cfg.use_project and not cfg.project:
+        found = _project_of(script, module)
+        cfg.project = found.to_env() if found is not None else ""
     cfg.export()
     try:
         _logging.configure(cfg.log, cfg.log_level)
@@ -212,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         from ..engine import _preempt
 
         _preempt.install(cfg.grace)
+    if cfg.explain:
+        _explain(script, module, cfg)
     load_fixes(cfg.fixes, fatal=True)
     atexit.register(_summary)
     _register_job(script, module, args, cfg)
@@ -224,6 +229,47 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BaseException as exc:  # the program dies of it, as under python
         _died(exc)
+
+
+def _project_of(script: str | None, module: str | None):
+    """The program's project (``_project.Project``): the modules under the
+    script's directory (a directory's own, for a directory with
+    ``__main__.py``; none for a zip application), or for ``-m pkg.mod`` the
+    package ``pkg`` (for ``-m mod``, the modules beside ``mod``)."""
+    from ._project import Project
+
+    if script is not None:
+        path = os.path.abspath(script)
+        if os.path.isdir(path):
+            return Project.of_script(os.path.join(path, "__main__.py"))
+        return None if _is_zip(path) and not path.endswith(".py") else Project.of_script(path)
+    if module is None:
+        return None
+    top = module.partition(".")[0]
+    try:  # (the top-level name alone: nothing is imported)
+        spec = importlib.machinery.PathFinder.find_spec(top, sys.path)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Project.of_package(list(spec.submodule_search_locations)[0], top)
+    return Project.of_script(spec.origin) if spec.origin else None
+
+
+def _explain(script: str | None, module: str | None, cfg: Config) -> None:
+    """``--explain``: what is vaccinated, and why, before the program runs
+    (each module as it is imported: ``DaifuFinder``)."""
+    project = cfg.the_project()
+    what = [f"the {'script ' + script if script else 'module ' + str(module)} (__main__)"]
+    if project is not None:
+        what.append(f"the project's modules: those under {project.describe()}, "
+                    "not installed ones")
+    elif not cfg.use_project:
+        what.append("no project module (--modules/DAIFU_MODULES without '+')")
+    if cfg.matcher:
+        what.append(f"the modules --modules/DAIFU_MODULES names: {cfg.modules.lstrip('+')}")
+    sys.stderr.write("daifu: vaccinating " + "; ".join(what) + "\n")
 
 
 def _register_job(script, module, args, cfg) -> None:
