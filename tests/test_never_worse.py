@@ -434,3 +434,25 @@ def test_pdb_sees_only_the_programs_frames(tmp_path):
             for mode in ([], ["-m", "daifu"])]
     assert outs[1].stdout == outs[0].stdout, outs[1].stdout
     assert "daifu" not in outs[1].stdout and "runpy" not in outs[1].stdout
+
+
+def test_the_report_of_a_crash_at_module_level_shows_its_line(tmp_path):
+    # the script's frame has no caller now: the report took the stack of its
+    # own call instead (the crashed frame again, in its stub: "line None")
+    (tmp_path / "fixes.py").write_text(textwrap.dedent("""
+        import daifu
+        from daifu.engine import _report
+
+        @daifu.on(KeyError)
+        def show(crash):
+            print("".join(_report.build(crash).traceback), end="")
+            return daifu.SKIP
+    """))
+    (tmp_path / "prog.py").write_text("rows = {}\nrows['a']\nprint('done')\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "daifu", "--fixes", "fixes.py", "prog.py"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, env={**os.environ, "DAIFU_CONSOLE": "0"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f'  File "{tmp_path / "prog.py"}", line 2, in <module>\n'
+                                 "    rows['a']\n"), out.stdout
+    assert "line None" not in out.stdout and out.stdout.endswith("done\n")

@@ -99,6 +99,9 @@ class Crash(Capabilities):
         #: what a retry here may do besides re-executing the statement (said
         #: in the report and in ``crash.resumed``)
         self.retry_note: str | None = None
+        #: the vaccinated frames below that passed this exception up unfixed
+        #: (``file:line (function)``, innermost first)
+        self.passed_through: list[str] = []
         if dead is None and header and self.batch is None and self.rewrap is None:
             dead, self.retry_note = _advanced(exc, frame, self.iterator)
         if dead is None and frame.f_code.co_flags & _CO_GENERATOR and "yield" in cell.source:

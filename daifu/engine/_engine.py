@@ -59,6 +59,8 @@ from ._events import (
     collecting,
     emit,
     held,
+    release_held,
+    tell,
     write,
 )
 from ._guards import cell_range, handled_above, passing, would_catch
@@ -243,6 +245,10 @@ class Engine:
         #: a decision taken at a crash for one of its callers (the console's
         #: ``up`` then ``retry``): id(exception) -> (exception, caller frame,
         #: patch); the exception is handed up to that frame's barrier
+        #: the exception passed up to a vaccinated caller after no fix, and the
+        #: frames it passed (``file:line (function)``); one slot: the next
+        #: exception replaces it, its outcome clears it
+        self._passed: tuple[BaseException, list[str]] | None = None
         self._forward: dict[int, tuple[BaseException, types.FrameType,
                                        DecisionPatch | ReloadPatch]] = {}
         #: paths of the emergency checkpoints written (at most MAX_CHECKPOINTS)
@@ -351,7 +357,8 @@ class Engine:
         self._tls.group = group
         # with a console on the job's own terminal, its report comes first: the
         # log lines of this crash (crash.intercepted, journal.opened, ...) are
-        # written once it is handled
+        # written once it is handled -- or before a rule runs, so that what a
+        # rule prints comes after the line of the crash it answers
         local = any(getattr(w, "console", False) for w in self.waiters)
         ranked = _distributed.active()
         if ranked:  # (peers of an agreement ask whether this rank is at a crash)
@@ -404,7 +411,13 @@ class Engine:
     def _handle_crash(self, crash: Crash, key, forward, attempt: int) -> int | tuple:
         exc = crash.exception
         try:
-            emit(CrashIntercepted(
+            passed = self._passed
+            if passed is not None and passed[0] is not exc:
+                passed = self._passed = None  # (another exception: that one went elsewhere)
+            crash.passed_through = list(passed[1]) if passed is not None else []
+            # one exception, one report: taken again by a caller after no fix
+            # below, it is not announced again (in-process listeners hear it)
+            (tell if passed is not None else emit)(CrashIntercepted(
                 where=crash.where, function=crash.function, statement=crash.statement,
                 exc_type=type(exc).__qualname__, message=exception_text(exc), attempt=attempt,
                 can_retry=crash.can_retry, can_skip=crash.can_skip))
@@ -460,6 +473,7 @@ class Engine:
             if decision is not None:
                 return decision, origin
         for rule in self.rules.matching(crash):
+            release_held()  # (what the rule prints comes after the crash's line)
             self._tls.origin = rule.origin
             try:
                 verdict = rule.fn(crash)
@@ -547,9 +561,11 @@ class Engine:
             # counted as recovered now; a retry that fails again takes it back
             pause = is_break(crash.exception)
             self._count("recovered", 0 if pause else 1)
+            self._passed = None
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started),
-                              note=crash.retry_note if decision is RETRY else None))
+                              note=crash.retry_note if decision is RETRY else None,
+                              passed_through=crash.passed_through))
             resumed = res.continuation
             if resumed is not None and decision is not SKIP:
                 return resumed  # (function, args): the loop goes on with another iterator
@@ -572,6 +588,8 @@ class Engine:
             # nobody fixed it here: a vaccinated caller gets its turn (a rule may
             # target it); an explicit ABORT, by contrast, is final
             self._count("passed", 1)
+            self._passed = (crash.exception,
+                            [*crash.passed_through, f"{crash.where} ({crash.function})"])
             emit(CrashPassed(where=crash.where, exc_type=type(crash.exception).__qualname__,
                              reason=reason))
             return RAISE_CODE
@@ -586,8 +604,9 @@ class Engine:
                        "(DAIFU_WAIT), then: python -m daifu attach PID")
         self.gave_up.add(exc, crash.frame)
         self._count("gave_up", 1)
+        self._passed = None
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
-                         attempt=crash.attempt))
+                         attempt=crash.attempt, passed_through=crash.passed_through))
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 
@@ -953,6 +972,7 @@ class Engine:
         self.repeats.clear()
         self._pending.clear()
         self._forward.clear()
+        self._passed = None
         self.gave_up.clear()
         self.stats.clear()
 

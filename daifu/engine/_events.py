@@ -198,6 +198,9 @@ class CrashResumed(Event):
     #: what the retry may do besides re-executing the statement
     #: (``Crash.retry_note``), or None
     note: str | None = None
+    #: the vaccinated frames the exception passed through, unfixed, before it
+    #: was taken here (innermost first: ``file:line (function)``)
+    passed_through: list[str] = field(default_factory=list)
 
 
 @event
@@ -208,6 +211,8 @@ class CrashGaveUp(Event):
     exc_type: str
     reason: str
     attempt: int
+    #: as ``CrashResumed.passed_through``
+    passed_through: list[str] = field(default_factory=list)
 
 
 @event
@@ -222,9 +227,12 @@ class BreakPaused(Event):
 
 @event
 class CrashPassed(Event):
-    """No fix here; the exception goes on to a vaccinated caller's barrier."""
+    """No fix here; the exception goes on to a vaccinated caller's barrier
+    (debug: the crash is reported once, with its outcome's
+    ``passed_through``)."""
 
     event: ClassVar[str] = "crash.passed"
+    level: ClassVar[str] = "debug"
     where: str
     exc_type: str
     reason: str
@@ -416,6 +424,19 @@ def held() -> Iterator[None]:
         kept = _held.pop()
         for ev in kept:
             write(ev)  # (to the block around this one, if it holds too)
+
+
+def release_held() -> None:
+    """Write what the innermost ``held`` block kept back so far, in order,
+    and go on holding (a rule is about to run: what it prints must come
+    after the lines of the crash it answers)."""
+    if _held:
+        kept, _held[-1] = _held[-1], []
+        for ev in kept:
+            try:
+                _write(ev)
+            except Exception:
+                pass
 
 
 @record

@@ -143,7 +143,9 @@ def build(crash: Crash, context: int = 3) -> Report:
 def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> list[str]:
     """The call stack of the crash -- the callers of the crashed frame, then the
     exception's traceback from it -- without daifu's (or runpy's) frames."""
-    frames = traceback.extract_stack(frame.f_back) if frame is not None else []
+    # (extract_stack(None) would be the stack of this very call)
+    back = frame.f_back if frame is not None else None
+    frames = traceback.extract_stack(back) if back is not None else []
     frames += traceback.extract_tb(exc.__traceback__)
     frames = [f for f in frames if not is_plumbing(f.filename)]
     # runs of installed library frames (torch's Module.__call__, Lightning's

@@ -577,7 +577,7 @@ def _died(exc: BaseException) -> NoReturn:
     etype = type(exc)
     sys.last_type, sys.last_value, sys.last_traceback = etype, exc, tb
     if sys.version_info >= (3, 12):
-        sys.last_exc = exc  # type: ignore[attr-defined]
+        sys.last_exc = exc  # (3.12+)
     hook = getattr(sys, "excepthook", None)
     sys.audit("sys.excepthook", hook, etype, exc, tb)
     if hook is None:
