@@ -45,7 +45,7 @@ def activate() -> None:
         from ._runner import load_fixes
 
         cfg = Config.from_env()
-        _logging.configure(cfg.log, cfg.log_level)
+        _logging.configure(cfg.log, cfg.log_level, cfg.log_format)
         cfg.setup_engine(cfg.main, interactive=False)
         install(config=cfg)
         load_fixes(cfg.fixes)

@@ -261,6 +261,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--log-level",), "debug, info (default), warning or error", metavar="LEVEL",
            choices=("debug", "info", "warning", "error"), env="DAIFU_LOG_LEVEL",
            field="log_level", parse=str.lower, export=lambda cfg: cfg.log_level),
+    Option(("--log-format",), "json (JSON lines), console (lines for people) or auto (the "
+           "default: JSON in a file or a pipe, for people on a terminal)", metavar="FORMAT",
+           choices=("json", "console", "auto"), env="DAIFU_LOG_FORMAT", field="log_format",
+           parse=str.lower, export=lambda cfg: cfg.log_format),
     Option(("--strict",), "fail if a selected function cannot be vaccinated",
            env="DAIFU_STRICT", env_value="1", field="strict", const=True, parse=_switch,
            expects=_ON_OFF),
@@ -352,6 +356,8 @@ class Config:
     max_attempts: int = 5
     log: str | None = None
     log_level: str = "info"
+    #: auto (JSON in a file or a pipe, for people on a terminal), json or console
+    log_format: str = "auto"
     strict: bool = False
     dump: str | None = None
     main: str | None = None
@@ -409,6 +415,8 @@ class Config:
         if not self.grace >= 0:  # (NaN too)
             raise ConfigError(f"the grace (--grace, DAIFU_GRACE) must be seconds >= 0, "
                               f"not {self.grace!r}")
+        if self.log_format not in ("auto", "json", "console"):
+            raise ConfigError(f"log format must be auto, json or console, not {self.log_format!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"log level must be debug, info, warning or error, not {self.log_level!r}")

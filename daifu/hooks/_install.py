@@ -124,6 +124,6 @@ def ensure_engine() -> None:
     _engine_ready = True
     cfg = Config.from_env()
     if cfg.log or os.environ.get("DAIFU_LOG_LEVEL"):
-        _logging.configure(cfg.log, cfg.log_level)
+        _logging.configure(cfg.log, cfg.log_level, cfg.log_format)
     cfg.setup_engine(sys.argv[0] if sys.argv and sys.argv[0] else None, interactive=True)
 

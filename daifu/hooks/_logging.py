@@ -20,19 +20,23 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def configure(log_file: str | None = None, level: str = "info") -> None:
-    """Point daifu's events at ``log_file`` (JSON lines, mode 0600) or stderr.
-    Raises ``ConfigError`` with one line when the file cannot be used."""
+def configure(log_file: str | None = None, level: str = "info", fmt: str = "auto") -> None:
+    """Point daifu's events at ``log_file`` (mode 0600) or stderr.  ``fmt``
+    (``--log-format``): ``json`` lines, ``console`` lines for people, or
+    ``auto``: JSON in a file or a pipe, for people on a terminal.  Raises
+    ``ConfigError`` with one line when the file cannot be used."""
+    json = {"json": True, "console": False}.get(fmt)
     if log_file and _events.rank_unknown_yet(log_file):
         expand_path(log_file)  # (a bad placeholder is said now)
-        _events.configure(_RankFile(log_file), level, json=True)  # type: ignore[arg-type]
+        _events.configure(_RankFile(log_file), level,  # type: ignore[arg-type]
+                          json=True if json is None else json)
     elif log_file:
         log_file = expand_path(log_file)
         fd = open_private(log_file, "the log file (--log-file)", ConfigError, sink=True)
         stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
-        _events.configure(stream, level, json=True)
+        _events.configure(stream, level, json=True if json is None else json)
     else:
-        _events.configure(None, level)
+        _events.configure(None, level, json=json)
 
 
 class _RankFile:

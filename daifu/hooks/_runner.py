@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg.project = found.to_env() if found is not None else ""
     cfg.export()
     try:
-        _logging.configure(cfg.log, cfg.log_level)
+        _logging.configure(cfg.log, cfg.log_level, cfg.log_format)
         cfg.setup_engine(script or module, interactive=True)
     except ConfigError as exc:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
