@@ -22,7 +22,7 @@ from .fuzz.run import parse_kept
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzzer forks")
 
-SLICE = range(0, 30)  # seeds: about 90 programs, ~20 s on 2 cores
+SLICE = range(0, 30)  # seeds: about 115 programs, ~20 s on 2 cores
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_generated_programs_run_the_same_vaccinated():
             if verdict["verdict"] in ("differs", "harness"):
                 differ.append(f"seed {seed} ({kind}):\n{source}\n{compare.explain(verdict)}")
     assert not differ, "\n\n".join(differ[:3])
-    assert counts.get("same", 0) >= 70, counts  # (they really were compared)
+    assert counts.get("same", 0) >= 100, counts  # (they really were compared)
 
 
 KEPT = parse_kept()

@@ -3,7 +3,7 @@
 pysource-codegen (a random generator of valid Python code, from PyPI) makes
 programs over six names, ``name_0`` .. ``name_5``, that are never defined: as
 they come, nearly every one ends at its first statement with a NameError.
-Each seed gives one generated program and three programs made from it:
+Each seed gives one generated program and four programs made from it:
 
 * ``plain``: a prelude binds the six names (an int, a list, a str, a dict,
   the harness's probe, an object with attributes and dunders), then the
@@ -21,6 +21,10 @@ Each seed gives one generated program and three programs made from it:
   function and class the program left in ``name_0`` .. ``name_5`` and drives
   what they return (generators, coroutines, async generators).
 
+* ``generator``: as ``driven``, the generated statements being the body of a
+  generator function, each followed by a ``yield`` (inside its own ``try``);
+  the program iterates it and throws a ValueError in at every third yield.
+
 Each gets a loop guard: ``__guard__()`` at the top of every loop body and
 function body ends the program with ``Budget`` (a BaseException) after a fixed
 number of steps, so a program that would loop forever ends deterministically.
@@ -34,7 +38,7 @@ import ast
 import sys
 import warnings
 
-KINDS = ("plain", "function", "driven")
+KINDS = ("plain", "function", "driven", "generator")
 
 PRELUDE = '''\
 class _Thing:
@@ -153,10 +157,26 @@ class _Transform(ast.NodeTransformer):
         return node
 
 
-def make(generated: str, driven: bool, function: bool = False) -> str | None:
-    """The runnable program made from ``generated`` (None: it does not compile
-    once transformed).  ``function``: the generated statements are the body of
-    a function, called once (its names are locals there)."""
+GENERATOR_DRIVER = '''
+__g = __program__()
+__n = 0
+try:
+    while True:
+        __v = __g.throw(ValueError("thrown")) if __n % 3 == 2 else next(__g)
+        print("yielded", __v)
+        __n += 1
+except StopIteration as __stop:
+    print("stopped", __n, repr(__stop.value))
+except Exception as __exc:
+    print("generator raised", type(__exc).__name__, str(__exc)[:200])
+'''
+
+
+def make(generated: str, kind: str) -> str | None:
+    """The runnable program of kind ``kind`` (one of KINDS) made from
+    ``generated`` (None: it does not compile once transformed)."""
+    driven = kind in ("driven", "generator")
+    function = kind in ("function", "generator")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -169,15 +189,20 @@ def make(generated: str, driven: bool, function: bool = False) -> str | None:
         # assignments it is a SyntaxError)
         tree.body = [s for s in tree.body if s not in future and not isinstance(s, ast.Global)]
         body = tree.body or [ast.Pass()]
+        if kind == "generator":
+            body = [part for stmt in body for part in (
+                stmt, ast.copy_location(ast.Expr(ast.Yield(ast.Constant(stmt.lineno))), stmt))]
         if function:
             body = [ast.FunctionDef("__program__", ast.arguments([], [], None, [], [], None, []),
-                                    body, [], None, None, **({"type_params": []} if
-                                                             sys.version_info >= (3, 12)
-                                                             else {})),
-                    ast.parse("__program__()").body[0]]
+                                    body, [], None, None, lineno=body[0].lineno,
+                                    **({"type_params": []} if sys.version_info >= (3, 12)
+                                       else {}))]
         tree.body = body
         tree = _Transform(catch=driven).visit(tree)
-        tree.body = [*future, *ast.parse(PRELUDE).body, *tree.body,
+        if function:  # (the function itself, not wrapped)
+            tree.body = [tree.body[0].body[0]] if driven else tree.body
+        call = {"function": "__program__()", "generator": GENERATOR_DRIVER}.get(kind, "")
+        tree.body = [*future, *ast.parse(PRELUDE).body, *tree.body, *ast.parse(call).body,
                      *(ast.parse(EPILOGUE).body if driven else [])]
         ast.fix_missing_locations(tree)
         try:
@@ -195,12 +220,12 @@ def generate(seed: int) -> str:
     return codegen(seed, node_limit=200, depth_limit=5)
 
 
-def programs(seed: int) -> list[tuple[str, str]]:
-    """``[(kind, source), ...]``: the programs made from seed ``seed``."""
+def programs(seed: int, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str]]:
+    """``[(kind, source), ...]``: the programs of these kinds made from seed ``seed``."""
     generated = generate(seed)
     out = []
-    for kind in KINDS:
-        source = make(generated, driven=kind == "driven", function=kind == "function")
+    for kind in kinds:
+        source = make(generated, kind)
         if source is not None:
             out.append((kind, source))
     return out

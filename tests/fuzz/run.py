@@ -4,7 +4,7 @@
     python -m tests.fuzz.run --seeds 0:40        (those seeds only)
     python -m tests.fuzz.run --check FILE        (one program, plain vs vaccinated)
 
-Seeds are taken in order from ``--start``; each gives up to three programs
+Seeds are taken in order from ``--start``; each gives up to four programs
 (tests/fuzz/program.py).  A program whose two plain runs differ, or whose plain
 run is over its time budget, is not compared.  A difference is shrunk (fewest
 statements and expressions that still differ the same way, with
@@ -92,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=sorted(compare.SELECTIONS), default="all",
                         help="what is vaccinated: all (every function, the default), eager "
                         "(python -m daifu's default), lazy (--lazy)")
+    parser.add_argument("--kinds", default=",".join(program.KINDS),
+                        help=f"programs made from each seed (default {','.join(program.KINDS)})")
     parser.add_argument("--check", type=Path, help="compare this one program and exit")
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not set(kinds) <= set(program.KINDS):
+        parser.error(f"--kinds: one of {', '.join(program.KINDS)}")
 
     if args.check:
         verdict = compare.run(args.check.read_text(), args.budget, args.mode)
@@ -111,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     seed = first
     while seed < last and (args.seeds or counts["compared"] < args.n):
-        made = program.programs(seed)
+        made = program.programs(seed, kinds)
         counts["seeds"] += 1
-        counts["not compiled"] += len(program.KINDS) - len(made)
+        counts["not compiled"] += len(kinds) - len(made)
         for kind, source in made:
             verdict = compare.run(source, args.budget, args.mode)
             if verdict["verdict"] == "differs" and verdict["why"] == "over its time budget":
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - started:7.0f}s] seed {seed}: {dict(counts)}",
                   flush=True)
     elapsed = time.monotonic() - started
-    summary = {"python": platform.python_version(), "mode": args.mode,
+    summary = {"python": platform.python_version(), "mode": args.mode, "kinds": kinds,
                "first_seed": first, "last_seed": seed - 1,
                "seconds": round(elapsed), **counts}
     (args.out / f"summary-{python}-{args.mode}.json").write_text(
