@@ -177,3 +177,171 @@ def test_a_new_with_around_the_running_statement_is_still_refused():
     stmt = old_msrc.tree.body[0].body[2].body[1].body[0]
     reason = map_statement(old_msrc, old_msrc.tree.body[0], stmt, new_msrc, new_msrc.tree.body[0])
     assert isinstance(reason, str) and "changed from If to With" in reason
+
+
+# -- the failing statement inside an except, a finally or a with block, edited -----------
+
+IN_BLOCKS = {
+    "except": ('''
+import sys
+
+def train(data):
+    total = 0
+    for x in data:
+        try:
+            total += {}[x]
+        except KeyError as e:
+            total += 10 // x
+            total += 100 * (sys.exc_info()[1] is e)
+    return total
+''', lambda data: sum(10 // (x or 1) + 100 for x in data)),
+    "finally": ('''
+def train(data):
+    total = 0
+    for x in data:
+        try:
+            total += 1
+        finally:
+            total += 10 // x
+    return total
+''', lambda data: sum(1 + 10 // (x or 1) for x in data)),
+    "finally_while_an_exception_passes": ('''
+def step(x):
+    try:
+        if x == 5:
+            raise KeyError(x)
+        return x
+    finally:
+        step.log.append(10 // x)
+
+def train(data):
+    step.log = []
+    total = 0
+    for x in data:
+        try:
+            total += step(x)
+        except KeyError:
+            total += 100
+    return total, step.log
+''', lambda data: (sum(100 if x == 5 else x for x in data), [10 // (x or 1) for x in data])),
+    "with": ('''
+import contextlib
+
+def train(data):
+    total = 0
+    for x in data:
+        with contextlib.nullcontext(x) as v:
+            total += 10 // v
+    return total
+''', lambda data: sum(10 // (x or 1) for x in data)),
+}
+
+
+@pytest.fixture
+def blocks(tmp_path, monkeypatch):
+    loaded = []
+
+    def load(name: str, source: str, entry: str = "*"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        daifu.install(modules=name, entry=entry)
+        importlib.invalidate_caches()
+        loaded.append((name, path))
+        return importlib.import_module(name), path
+
+    yield load
+    daifu.uninstall()
+    for name, path in loaded:
+        sys.modules.pop(name, None)
+        _registry.forget(str(path))
+
+
+@pytest.mark.parametrize("block", sorted(IN_BLOCKS))
+def test_an_edited_statement_inside_an_except_finally_or_with_continues_in_the_new_code(
+        blocks, block):
+    # the running call goes on in its new code at the edited statement, inside
+    # the block it was in (the except's exception still the one handled, a
+    # finally's pending exception still raised after it, the with still
+    # exited), and returns what the corrected program returns
+    source, expected = IN_BLOCKS[block]
+    mod, path = blocks(f"block_{block}", source)
+    edited = []
+
+    @daifu.on(ZeroDivisionError)
+    def edit(crash):
+        if edited:
+            return None
+        path.write_text(source.replace("10 // x", "10 // (x or 1)")
+                        .replace("10 // v", "10 // (v or 1)"))
+        edited.append(crash.statement)
+        return daifu.RELOAD
+
+    data = [2, 0, 5]
+    with capture() as events:
+        assert mod.train(data) == expected(data)
+    assert len(edited) == 1
+    applied = [e for e in events if e["event"] == "patch.applied"]
+    assert len(applied) == 1 and "continues in the new code" in applied[0]["summary"]
+    assert not [e for e in events if e["event"] in ("patch.rejected", "crash.gave_up")]
+
+
+MODULE_LEVEL = '''
+class Config:
+    def __init__(self):
+        self.n = 3
+
+def lookup(d, k):
+    return d[k]
+
+data = {"a": 1}
+total = 0
+for k in ["a", "b"]:
+    total += lookup(data, k)
+'''
+
+
+def test_a_module_level_edit_in_focus_continues_and_unchanged_classes_are_not_reported(
+        blocks, tmp_path):
+    # the caller in focus is module code (``up`` from the crash): its edited
+    # statement was refused ("no function of the running program changed")
+    # or, with a class in the file, reported as applied and then the old code
+    # ran; and the unchanged class was listed as changed
+    from daifu.engine._queue import ReloadPatch
+
+    name = "module_level_edit"
+    path = tmp_path / f"{name}.py"
+    edited = []
+
+    @daifu.on(KeyError)
+    def edit_the_caller(crash):
+        if edited:
+            return None
+        path.write_text(MODULE_LEVEL.replace("total += lookup(data, k)",
+                                             "total += data.get(k, 0)"))
+        edited.append(crash.function)
+        crash.patches.put(ReloadPatch(frame=1, origin="test"))
+        return None
+
+    with capture() as events:  # (its module code vaccinated, as a script's is)
+        mod, _ = blocks(name, MODULE_LEVEL, entry="*,<module>")
+    assert (mod.total, edited) == (1, ["lookup"])
+    applied = [e["summary"] for e in events if e["event"] == "patch.applied"]
+    assert applied and all("<module>()" in a and "Config" not in a for a in applied), applied
+
+
+def test_an_unchanged_class_is_not_reported_as_changed(blocks):
+    # its body holds vaccinated methods: compared with the new plain body, it
+    # always differed ("changed r2.py: Config() -- module code ... keeps its own code")
+    source = "class Config:\n    def __init__(self):\n        self.n = 3\n" + BUGGY
+    mod, path = blocks("unchanged_class", source)
+
+    @daifu.on(ZeroDivisionError)
+    def edit(crash):
+        path.write_text(source.replace("10 // x", "10 // (x or 1)"))
+        return daifu.RELOAD
+
+    with capture() as events:
+        mod.train([2, 0])
+    applied = [e["summary"] for e in events if e["event"] == "patch.applied"]
+    assert len(applied) == 1 and "train()" in applied[0] and "Config" not in applied[0]

@@ -200,14 +200,23 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
             changed.setdefault(id(fn.__code__), by_key[key])
             if fn.__code__ is running_code:
                 result.running = by_key[key]
-    if crash is not None and running_code is not None and running_code.co_name == "<module>" \
-            and crash.filename in files:
-        # a crash in module-level code (the script's top level): its own
-        # statements changed if the module code differs beyond its functions
-        f = files[crash.filename]
-        if _compare(original_code(running_code), f.module_code, deep=False) == "changed":
-            result.running = Change("<module>", f.filename, "changed")
-            result.changes.append(result.running)
+    if crash is not None:
+        # module-level code on the crashed stack (the script's top level, a
+        # module importing another): its own statements changed if its code
+        # differs beyond its functions -- the crashed frame's, or a caller's
+        # that a focus (``up``) may continue in the new code
+        for frame in crash.frames():
+            code = frame.f_code
+            f = files.get(code.co_filename)
+            if code.co_name != "<module>" or f is None or id(code) in changed \
+                    or _compare(original_code(code), f.module_code, deep=False) != "changed":
+                continue
+            change = Change("<module>", f.filename, "changed")
+            result.changes.append(change)
+            if code is running_code:
+                result.running = change
+            else:
+                changed[id(code)] = change
     known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
     added = _added_functions(files, known)
     if crash is not None:
@@ -353,7 +362,9 @@ def _fingerprint(code: types.CodeType, deep: bool = True) -> tuple:
     """What a code object does (not where its lines are).  ``deep=False``:
     nested code objects count by name only (module code whose functions
     changed but whose own statements did not)."""
-    consts = tuple((_fingerprint(c) if deep else ("code", c.co_qualname))
+    # (a nested function of running code is vaccinated: its original is compared,
+    # or a class whose body holds vaccinated methods would always have changed)
+    consts = tuple((_fingerprint(original_code(c)) if deep else ("code", c.co_qualname))
                    if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
                    for c in code.co_consts)
     return (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
