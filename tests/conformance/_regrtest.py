@@ -26,6 +26,9 @@ import types
 
 WORKER = "test.libregrtest.worker"
 
+#: the states whose worker output is not kept
+QUIET = {"PASSED", "ENV_CHANGED", "SKIPPED", "RESOURCE_DENIED", "DID_NOT_RUN", "FAILED"}
+
 
 def _patch_workers(daifu_args: list[str]) -> None:
     from test.libregrtest import worker
@@ -77,6 +80,8 @@ def _patch_results(path: str) -> None:
             "xml": result.xml_data or [],
             "warnings": [ln[len("Warning -- "):] for ln in (stdout[0] or "").splitlines()
                          if ln.startswith("Warning -- ")],
+            # (why a worker died or timed out: the end of what it printed)
+            "tail": [] if result.state in QUIET else (stdout[0] or "").splitlines()[-40:],
         }
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")

@@ -55,7 +55,7 @@ FAST = ["test_exceptions", "test_generators", "test_contextlib", "test_with", "t
 
 #: libregrtest's options, the same on both sides (``--timeout``: a module that
 #: runs longer is killed and counted TIMEOUT)
-REGRTEST = ["--timeout", "1200"]
+REGRTEST = ["--timeout", "600"]
 
 #: what changes from run to run in libregrtest's warnings: addresses, id()s
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\b\d{9,}\b")
@@ -70,6 +70,7 @@ class Side:
     tests: dict[tuple[str, str], str] = field(default_factory=dict)
     detail: dict[tuple[str, str], str] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
 
     def count(self, module: str) -> int:
@@ -122,6 +123,9 @@ def load(path: Path) -> Side:
                 merged.append(w)
         warnings = tuple(sorted(set(merged)))
         side.modules[module] = (rec["state"] or "NONE", warnings)
+        tail = [ln.strip() for ln in rec.get("tail", []) if ln.strip()]
+        if tail:  # (a worker that died or timed out: the end of its output)
+            side.why[module] = " | ".join(tail[-12:])
         found: dict[str, set[str]] = {}
 
         def put(test_id, outcome, detail="", _found=found, _module=module):
@@ -186,9 +190,10 @@ def compare(python: str, plain: Side, daifu: Side) -> list[Difference]:
         explained = ordinary and ((warn_diff and "FAILED" not in (p_state, d_state))
                                   or module in with_tests)
         if p_state != d_state and not explained:
+            why = daifu.why.get(module) or plain.why.get(module)
             out.append(Difference(python, "module", module, p_state, d_state, module,
                                   f"test cases: {plain.count(module)} plain, "
-                                  f"{daifu.count(module)} daifu"))
+                                  f"{daifu.count(module)} daifu" + (f"; {why}" if why else "")))
     return out + tests
 
 
@@ -214,9 +219,16 @@ def matches(entry: dict, diff: Difference) -> bool:
 
 
 def run_side(python: str, exe: Path, out: Path, name: str, tests: list[str], jobs: int,
-             vaccinated: bool, log, ignore: list[str]) -> Side:
+             vaccinated: bool, log, ignore: list[str], reuse: bool = False) -> Side:
     results = out / f"{name}.jsonl"
+    done = out / f"{name}.done"  # (the side ran to its end; its wall time in seconds)
+    if reuse and done.exists():
+        side = load(results)
+        side.wall = float(done.read_text())
+        log(f"[{python}] {name}: the results of the last run ({results})")
+        return side
     results.unlink(missing_ok=True)
+    done.unlink(missing_ok=True)
     cmd = [str(exe), str(DRIVER), "--results", str(results)]
     if vaccinated:
         cmd += ["--daifu", DAIFU_ARGS]
@@ -231,6 +243,7 @@ def run_side(python: str, exe: Path, out: Path, name: str, tests: list[str], job
         subprocess.run(cmd, cwd=out, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
     side = load(results)
     side.wall = time.monotonic() - start
+    done.write_text(f"{side.wall:.1f}\n")
     log(f"[{python}] {name}: {len(side.modules)} modules, {len(side.tests)} test cases, "
         f"{side.wall / 60:.1f} min")
     return side
@@ -248,11 +261,12 @@ class Report:
 
 
 def check(python: str, exe: Path, out: Path, tests: list[str], jobs: int, known: list[dict],
-          flaky: list[dict], exclude: list[dict], confirm: bool, log) -> Report:
+          flaky: list[dict], exclude: list[dict], confirm: bool, log,
+          reuse: bool = False) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     ignore = [e["id"] for e in exclude if python in e.get("python", [python])]
-    plain = run_side(python, exe, out, "plain", tests, jobs, False, log, ignore)
-    daifu = run_side(python, exe, out, "daifu", tests, jobs, True, log, ignore)
+    plain = run_side(python, exe, out, "plain", tests, jobs, False, log, ignore, reuse)
+    daifu = run_side(python, exe, out, "daifu", tests, jobs, True, log, ignore, reuse)
     report = classify(Report(python, plain, daifu), known, flaky)
     if report.new and confirm:  # once more, both sides: does it recur?
         again = sorted({d.module for d in report.new})
@@ -334,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                         "told from a flaky test then)")
     p.add_argument("--compare", action="store_true",
                    help="compare the results already in --out, run nothing")
+    p.add_argument("--reuse", action="store_true",
+                   help="take a side that ran to its end from the last run in --out "
+                        "instead of running it again (a run cut short goes on)")
     ns = p.parse_args(argv)
     tests = FAST if ns.slice == "fast" else ns.tests
     pythons = {}
@@ -362,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[{ver}] no interpreter at {exe} (make test-3.13 builds .venv-3.13)")
             return 2
         reports.append(check(ver, exe, out, tests, ns.jobs, known, flaky, exclude,
-                             not ns.no_confirm, log))
+                             not ns.no_confirm, log, ns.reuse))
     wall = time.monotonic() - start
     print(table(reports))
     what = "fast slice" if ns.slice else "selected modules" if tests else "whole suite"
