@@ -133,6 +133,8 @@ def _chain(exc: BaseException) -> list[str]:
 
 def _child(source: str, write_fd: int, selection: Selection) -> None:
     os.setpgid(0, 0)  # (the parent kills the group)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (python's, not the parent's)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     limit = usage + MEMORY
@@ -218,6 +220,22 @@ def run(source: str, budget: float = 2.0, mode: str = "all") -> dict:
         os.close(read_fd)
         _child(source, write_fd, SELECTIONS[mode])
     os.close(write_fd)
+    try:
+        results, killed = _collect(read_fd, budget)
+    except BaseException:  # (interrupted: the child goes too)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    if killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return _verdict(results, killed, status)
+
+
+def _collect(read_fd: int, budget: float) -> tuple[list[dict], bool]:
+    """The child's outcomes as they come, until it ends or is over budget."""
     results: list[dict] = []
     buffer = b""
     started = time.monotonic()
@@ -239,11 +257,7 @@ def run(source: str, budget: float = 2.0, mode: str = "all") -> dict:
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             results.extend(json.loads(line) for line in lines if line)
-    if killed:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    return _verdict(results, killed, status)
+    return results, killed
 
 
 def _verdict(results: list[dict], killed: bool, status: int) -> dict:

@@ -19,6 +19,7 @@ import argparse
 import collections
 import json
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,10 @@ def parse_kept(path: Path = KEPT) -> list[dict]:
     return out
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,43 +120,49 @@ def main(argv: list[str] | None = None) -> int:
                    else (args.start, sys.maxsize))
     started = time.monotonic()
     seed = first
-    while seed < last and (args.seeds or counts["compared"] < args.n):
-        made = program.programs(seed, kinds)
-        counts["seeds"] += 1
-        counts["not compiled"] += len(kinds) - len(made)
-        for kind, source in made:
-            verdict = compare.run(source, args.budget, args.mode)
-            if verdict["verdict"] == "differs" and verdict["why"] == "over its time budget":
-                # (a busy machine: once more, with five times the time)
-                counts["rerun (time budget)"] += 1
-                verdict = compare.run(source, args.budget * 5, args.mode)
-            counts[verdict["verdict"]] += 1
-            if verdict["verdict"] in ("same", "differs"):
-                counts["compared"] += 1
-            if verdict["verdict"] == "harness":
-                print(f"seed {seed} {kind}: harness: {verdict['why']}", flush=True)
-            if verdict["verdict"] != "differs":
-                continue
-            print(f"seed {seed} {kind}: DIFFERS\n{compare.explain(verdict)[:3000]}", flush=True)
-            small = source
-            if shrunk < args.shrink:
-                shrunk += 1
-                small = shrink(source, verdict, args.budget, args.mode)
-            if small in seen:
-                continue
-            seen.add(small)
-            again = compare.run(small, args.budget, args.mode)
-            with findings.open("a") as f:
-                f.write(entry(f"seed{seed}-{kind}-{args.mode}-py{python}", "new",
-                              f"{kind_of(verdict)}", small))
-            print(f"shrunk to {len(small.splitlines())} lines:\n{small}\n"
-                  f"{compare.explain(again)[:3000]}", flush=True)
-        seed += 1
-        if counts["seeds"] % 100 == 0:
-            print(f"[{time.monotonic() - started:7.0f}s] seed {seed}: {dict(counts)}",
-                  flush=True)
+    interrupted = False
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while seed < last and (args.seeds or counts["compared"] < args.n):
+            made = program.programs(seed, kinds)
+            counts["seeds"] += 1
+            counts["not compiled"] += len(kinds) - len(made)
+            for kind, source in made:
+                verdict = compare.run(source, args.budget, args.mode)
+                if verdict["verdict"] == "differs" and verdict["why"] == "over its time budget":
+                    # (a busy machine: once more, with five times the time)
+                    counts["rerun (time budget)"] += 1
+                    verdict = compare.run(source, args.budget * 5, args.mode)
+                counts[verdict["verdict"]] += 1
+                if verdict["verdict"] in ("same", "differs"):
+                    counts["compared"] += 1
+                if verdict["verdict"] == "harness":
+                    print(f"seed {seed} {kind}: harness: {verdict['why']}", flush=True)
+                if verdict["verdict"] != "differs":
+                    continue
+                print(f"seed {seed} {kind}: DIFFERS\n{compare.explain(verdict)[:3000]}", flush=True)
+                small = source
+                if shrunk < args.shrink:
+                    shrunk += 1
+                    small = shrink(source, verdict, args.budget, args.mode)
+                if small in seen:
+                    continue
+                seen.add(small)
+                again = compare.run(small, args.budget, args.mode)
+                with findings.open("a") as f:
+                    f.write(entry(f"seed{seed}-{kind}-{args.mode}-py{python}", "new",
+                                  f"{kind_of(verdict)}", small))
+                print(f"shrunk to {len(small.splitlines())} lines:\n{small}\n"
+                      f"{compare.explain(again)[:3000]}", flush=True)
+            seed += 1
+            if counts["seeds"] % 100 == 0:
+                print(f"[{time.monotonic() - started:7.0f}s] seed {seed}: {dict(counts)}",
+                      flush=True)
+    except KeyboardInterrupt:  # (Ctrl-C or SIGTERM: the figures so far)
+        interrupted = True
     elapsed = time.monotonic() - started
     summary = {"python": platform.python_version(), "mode": args.mode, "kinds": kinds,
+               "interrupted": interrupted,
                "first_seed": first, "last_seed": seed - 1,
                "seconds": round(elapsed), **counts}
     (args.out / f"summary-{python}-{args.mode}.json").write_text(
@@ -160,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{counts['compared']} programs compared, {counts['same']} identical, "
           f"{counts['differs']} differ ({counts['unstable']} unstable and {counts['slow']} "
           f"over budget not compared; {counts['harness']} harness failures; "
-          f"{counts['not compiled']} not compiled) in {elapsed:.0f} s")
+          f"{counts['not compiled']} not compiled) in {elapsed:.0f} s"
+          + (" (interrupted)" if interrupted else ""))
     return 1 if counts["differs"] or counts["harness"] else 0
 
 
