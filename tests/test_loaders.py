@@ -188,3 +188,36 @@ def test_worker_iterators_remember_only_the_batches_in_flight(program):
     assert 0 < len(sent) <= it._prefetch_factor * 2 + 1
     assert min(sent) >= it._rcvd_idx - 1
     del it
+
+
+def test_a_worker_failure_is_reported_with_its_cause_and_its_batch(program):
+    # the report's title was torch's wrapper ("Caught ValueError in DataLoader
+    # worker process 0. Original Traceback ..." cut short), every line of the
+    # loop was marked as failing, and the worker's error, the dataset's frame
+    # and the batch's indices were nowhere (nor reachable from the console)
+    from daifu.engine import _report
+
+    data = program["loader"](bad={13}, workers=2, shuffle=False)
+    seen = {}
+
+    @daifu.on(ValueError)
+    def look(crash):
+        seen["report"] = _report.build(crash)
+        seen["worker"] = crash.eval("__worker__")
+        seen["exception"] = crash.eval("__exception__")
+        crash.vars["data"].dataset.bad.clear()
+        return daifu.RETRY
+
+    program["train"](data, "plain")
+    report, worker = seen["report"], seen["worker"]
+    assert report.title.startswith("ValueError: bad record 13 (in DataLoader worker process ")
+    failing = [text for _, text, marked in report.source if marked]
+    assert failing == ["    for item in wrapped(data, wrap):"]
+    assert worker.error == "ValueError: bad record 13"
+    assert worker.indices == list(range(8, 16))
+    (file, _line, func, code), = worker.frames[-1:]
+    assert (func, code) == ("__getitem__", 'raise ValueError(f"bad record {i}")')
+    rendered = report.render()
+    assert "raised ValueError: bad record 13" in rendered and "__getitem__" in rendered
+    assert "the batch's indices: [8, 9, 10, 11, 12, 13, 14, 15]" in rendered
+    assert seen["exception"] is not None and "Caught ValueError" in str(seen["exception"])

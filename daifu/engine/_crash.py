@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import sys
@@ -162,8 +163,14 @@ class Crash(Capabilities):
             raise PatchError(f"expression does not compile: {exc}") from None
         frame = self.frame
         namespace = read_locals(frame)
-        return eval(compiled, frame.f_globals,
-                    namespace if self.vars.is_module else dict(namespace))
+        # as pdb's: the exception, and a DataLoader worker's own error -- never
+        # over a name of the program's, and never written into its namespace
+        extra: dict[str, Any] = {"__exception__": self.exception}
+        worker = getattr(self.batch, "worker", None)
+        if worker is not None:
+            extra["__worker__"] = worker
+        return eval(compiled, frame.f_globals, collections.ChainMap(
+            namespace if self.vars.is_module else dict(namespace), extra))
 
     def _release(self) -> None:
         self._frame = None

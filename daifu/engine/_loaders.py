@@ -49,12 +49,62 @@ _MAX_SENT = 4096
 
 
 @record
+class WorkerError:
+    """The exception a DataLoader worker process raised, as the main process
+    receives it: torch sends its type and formatted traceback, not the
+    object, and raises ``type("Caught T in DataLoader worker process N.
+    Original Traceback ...")`` in the main process (``parse``)."""
+
+    #: "DataLoader worker process 0" (where torch says it was caught)
+    where: str
+    #: the original exception, as its traceback's last line says it:
+    #: "OSError: [Errno 22] Invalid argument"
+    error: str
+    #: the original traceback (the worker's), as torch formatted it
+    traceback: str
+    #: the worker's frames outside torch (the dataset's code), innermost
+    #: last: (file, line, function, source)
+    frames: tuple[tuple[str, int, str, str], ...] = ()
+    #: the failed batch's indices, when known
+    indices: Any = None
+
+    @classmethod
+    def parse(cls, exc: BaseException) -> WorkerError | None:
+        text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        head, sep, original = text.partition("\nOriginal ")
+        if not sep or not head.startswith("Caught ") or " in " not in head:
+            return None
+        where = head.split(" in ", 1)[1].rstrip(".")
+        lines = original.rstrip("\n").splitlines()
+        error = next((line for line in reversed(lines) if line and not line[0].isspace()), "")
+        frames = []
+        for n, line in enumerate(lines):
+            stripped = line.strip()
+            if not stripped.startswith('File "'):
+                continue
+            try:
+                file, rest = stripped[6:].split('", line ', 1)
+                lineno, _, func = rest.partition(", in ")
+                code = lines[n + 1].strip() if n + 1 < len(lines) else ""
+                frames.append((file, int(lineno), func, code))
+            except (ValueError, IndexError):
+                continue
+        own = tuple(f for f in frames if os.sep + "torch" + os.sep not in f[0]) or tuple(frames)
+        return cls(where, error, original, own[-3:])
+
+    def summary(self) -> str:
+        return f"{self.error} (in {self.where})"
+
+
+@record
 class LoaderFailure:
     """A batch of a DataLoader iterator failed."""
 
     iterator: Any  #: the ``_BaseDataLoaderIter`` whose ``__next__`` raised
     index: Any  #: the failed batch's indices (None: unknown, see ``unknown``)
     unknown: str | None  #: why the indices are not known
+    #: what the worker process raised (with worker processes), or None
+    worker: WorkerError | None = None
 
 
 def _frames(exc: BaseException) -> list[types.FrameType]:
@@ -84,7 +134,12 @@ def failure(exc: BaseException) -> LoaderFailure | None:
         for f in inner:
             if f.f_code is _refetch.__code__:  # the re-fetch of a retry failed again
                 return LoaderFailure(it, read_locals(f).get("index"), None)
-        return _failed_batch(it, inner)
+        found = _failed_batch(it, inner)
+        if getattr(it, "_num_workers", 0):
+            found.worker = WorkerError.parse(exc)
+            if found.worker is not None:
+                found.worker.indices = found.index
+        return found
     return None
 
 

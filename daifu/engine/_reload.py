@@ -207,11 +207,11 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         # that a focus (``up``) may continue in the new code
         for frame in crash.frames():
             code = frame.f_code
-            f = files.get(code.co_filename)
-            if code.co_name != "<module>" or f is None or id(code) in changed \
-                    or _compare(original_code(code), f.module_code, deep=False) != "changed":
+            edited = files.get(code.co_filename)
+            if code.co_name != "<module>" or edited is None or id(code) in changed \
+                    or _compare(original_code(code), edited.module_code, deep=False) != "changed":
                 continue
-            change = Change("<module>", f.filename, "changed")
+            change = Change("<module>", edited.filename, "changed")
             result.changes.append(change)
             if code is running_code:
                 result.running = change

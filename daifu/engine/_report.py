@@ -48,6 +48,9 @@ class Report:
     variables: dict[str, str]
     done_before: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
+    #: a DataLoader worker's own exception: what it raised, where in the
+    #: dataset's code, and the batch (``_loaders.WorkerError``)
+    worker: list[str] = field(default_factory=list)
 
     def render(self, width: int = 100) -> str:
         head = "paused (break)" if self.title.startswith("Break: ") else "crash intercepted"
@@ -65,6 +68,8 @@ class Report:
             out += ["", "  traceback (most recent call last):"]
             out += ["    " + line for chunk in self.traceback
                     for line in chunk.rstrip().splitlines()]
+        if self.worker:
+            out += [""] + [f"  {line}"[:width] for line in self.worker]
         if self.variables:
             out += ["", "  variables:"]
             pad = max(len(k) for k in self.variables)
@@ -121,15 +126,19 @@ def running_line(filename: str, lineno: int, code: types.CodeType | None = None)
 def build(crash: Crash, context: int = 3) -> Report:
     exc = crash.exception
     lineno = crash.lineno or 0
-    end = crash.cell.end_lineno or lineno
+    # the lines of the statement that failed: a compound statement's header
+    # (a loop's ``for`` line, not its whole body)
+    end = min(crash.cell.end_lineno or lineno, lineno + crash.statement.count("\n"))
     lines = []
     for n in range(max(1, lineno - context), end + context + 1):
         text = running_line(crash.filename, n, crash.frame.f_code).rstrip("\n")
         if not text and n > end:
             break
         lines.append((n, text, lineno <= n <= end))
+    worker = getattr(crash.batch, "worker", None)
     return Report(
-        title=f"{type(exc).__qualname__}: {exception_text(exc, 300, one_line=True)}",
+        title=(f"{worker.error} (in {worker.where}: __worker__ in the console)" if worker
+               else f"{type(exc).__qualname__}: {exception_text(exc, 300, one_line=True)}"),
         where=f"{shown_where(crash.filename, crash.lineno)} in {crash.function}()",
         statement=crash.statement,
         source=lines,
@@ -137,7 +146,22 @@ def build(crash: Crash, context: int = 3) -> Report:
         variables=summarize_vars(crash),
         done_before=done_before(crash),
         options=options(crash),
+        worker=_worker_lines(worker) if worker else [],
     )
+
+
+def _worker_lines(worker) -> list[str]:
+    out = [f"{worker.where} raised {worker.error}"]
+    for file, line, func, code in worker.frames:
+        out.append(f'  File "{file}", line {line}, in {func}')
+        if code:
+            out.append(f"    {code}")
+    if worker.indices is not None:
+        shown = repr(worker.indices)
+        if len(shown) > 200:
+            shown = summarize(worker.indices)
+        out.append(f"the batch's indices: {shown}")
+    return out
 
 
 def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> list[str]:
