@@ -221,3 +221,38 @@ def test_a_worker_failure_is_reported_with_its_cause_and_its_batch(program):
     assert "raised ValueError: bad record 13" in rendered and "__getitem__" in rendered
     assert "the batch's indices: [8, 9, 10, 11, 12, 13, 14, 15]" in rendered
     assert seen["exception"] is not None and "Caught ValueError" in str(seen["exception"])
+
+
+REPLACED = '''
+import torch
+from torch.utils.data import DataLoader
+
+def train(data):
+    total = 0.0
+    for xb in data:
+        total += float(xb.sum()) / float(xb[0, 0] - xb[0, 0])
+    return total
+
+def main():
+    data = DataLoader(torch.arange(16.0).reshape(8, 2), batch_size=4)
+    return train(data)
+'''
+
+
+def test_a_replace_while_a_loader_loop_runs_says_what_it_redraws_once():
+    # the note that a retry in a caller makes a new iterator (a new seed)
+    # was said twice: once by the replace's redirect, once for the retry
+    ns = vaccinate(REPLACED, name="replaced_loader")
+
+    def fixed(data):
+        return sum(float(xb.sum()) for xb in data)
+
+    @daifu.on(ZeroDivisionError)
+    def fix(crash):
+        daifu.replace(crash.globals["train"], fixed)
+        return daifu.RETRY
+
+    with capture() as events:
+        assert ns["main"]() == float(sum(range(16)))
+    notes = " ".join(str(e.get("summary", "")) + str(e.get("note", "")) for e in events)
+    assert notes.count("will not be identical to an uninterrupted one") == 1, notes

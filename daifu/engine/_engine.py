@@ -856,7 +856,9 @@ class Engine:
         if patch.decision is RETRY:
             from ._report import redraws
 
-            notes = redraws(crash, patch.frame)
+            # (a replace's redirect said them already: once is enough)
+            notes = [n for n in redraws(crash, patch.frame)
+                     if n not in (crash.resolution.note or "")]
             if notes:
                 crash.resolution.note = "; ".join([crash.resolution.note, *notes]).strip("; ")
         crash.resolution.upward = (crash.exception, target, patch)

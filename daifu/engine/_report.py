@@ -213,7 +213,8 @@ def options(crash: Crash) -> list[str]:
     out = []
     batch = crash.batch is not None  # a DataLoader batch failed at this loop header
     if crash.can_retry:
-        out.append("retry (fetch the same batch again)" if batch else
+        out.append("retry (fetch the same batch again, in this process: its items' random "
+                   "transforms draw anew, not what the first fetch drew)" if batch else
                    f"retry ({crash.retry_note})" if crash.retry_note else "retry")
     else:
         out.append(f"retry impossible ({crash.retry_reason})")
