@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 PY313_BUILD ?= $(firstword $(wildcard ../shared/toolchains/python3.13 /work/shared/toolchains/python3.13))
 VENV313 ?= .venv-3.13
 
-$(VENV)/.installed: pyproject.toml setup.cfg daifu/engine/_routes.c daifu/engine/_csignals.c daifu/hooks/_cmain.c
+$(VENV)/.installed: pyproject.toml setup.cfg setup.py daifu/engine/_routes.c daifu/engine/_csignals.c daifu/hooks/_cmain.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
