@@ -356,3 +356,23 @@ def test_stacks_of_a_running_job_blocked_in_c(tmp_path):
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.slow
+def test_what_an_exec_prints_goes_to_the_jobs_stdout_and_to_the_sender(tmp_path):
+    # `send PID exec 'print(...)'` returned the text to the sender and the
+    # job's own stdout missed it (while later `always` repeats printed there)
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--wait", "inf", str(script)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "DAIFU_CONSOLE": "0"})
+    _wait_for_socket(proc)
+    sent = run_daifu(["send", proc.pid, "exec", "print('from the fix', d)"], cwd=tmp_path)
+    assert sent.returncode == 1 and "from the fix 0" in sent.stdout, sent.stderr
+    assert run_daifu(["send", proc.pid, "exec", "d = 5"], cwd=tmp_path).returncode == 1
+    assert run_daifu(["send", proc.pid, "retry"], cwd=tmp_path).returncode == 0
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "from the fix 0\n"

@@ -117,12 +117,17 @@ class Console(cmd.Cmd):
 
     @contextlib.contextmanager
     def _redirected(self):
-        """Output of evaluated code goes to this console's stream."""
+        """Output of evaluated code goes to this console's stream -- and, for a
+        remote client, to the job's own stdout and stderr too: what the
+        program prints (an ``exec``'s ``print``) is the job's output, echoed
+        to the sender."""
         if self.stdout is sys.stdout:
             yield
             return
-        with _events.pinned_stderr(), contextlib.redirect_stdout(self.stdout), \
-                contextlib.redirect_stderr(self.stdout):
+        out: Any = self.stdout if self.local else _Tee(sys.stdout, self.stdout)
+        err: Any = self.stdout if self.local else _Tee(sys.stderr, self.stdout)
+        with _events.pinned_stderr(), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
             yield
 
     def emptyline(self) -> bool:
@@ -825,6 +830,34 @@ def _isatty(stream) -> bool:
         return bool(stream.isatty())
     except Exception:
         return False
+
+
+class _Tee:
+    """A text stream writing to the job's own stream and to a client's."""
+
+    def __init__(self, job: Any, client: Any) -> None:
+        self._job, self._client = job, client
+
+    def write(self, text: str) -> int:
+        for stream in (self._job, self._client):
+            try:
+                stream.write(text)
+            except Exception:  # (a closed job stream must not fail the command)
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in (self._job, self._client):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 def run_line(crash: Crash, apply: Apply, text: str, origin: str,

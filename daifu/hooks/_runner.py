@@ -39,7 +39,8 @@ python -m daifu [options] script.py [args ...]
        python -m daifu [options] -m module [args ...]
        python -m daifu ps                     (your jobs: running or waiting on a crash)
        python -m daifu attach PID             (console of a waiting job; pauses a running one)
-       python -m daifu send PID COMMAND ...   (one command; exit 0 if the job resumed)
+       python -m daifu send PID COMMAND ...   (one command; exit 0: the job resumed,
+                                              1: it still waits, 2: refused, 3: no such job)
        python -m daifu send --job PID COMMAND ...  (to every waiting rank of PID's job)
        python -m daifu stacks [--job] PID     (every thread's stack; --job: every rank's)
        python -m daifu journal [show N]       (journals of crashes and fixes)
