@@ -456,3 +456,25 @@ def test_the_report_of_a_crash_at_module_level_shows_its_line(tmp_path):
     assert out.stdout.startswith(f'  File "{tmp_path / "prog.py"}", line 2, in <module>\n'
                                  "    rows['a']\n"), out.stdout
     assert "line None" not in out.stdout and out.stdout.endswith("done\n")
+
+
+def test_on_a_terminal_a_rules_output_comes_after_the_line_of_its_crash(tmp_path):
+    # with the console on the job's terminal, the crash's log lines were held
+    # until the crash was handled: a rule's "[fix] created ..." came first
+    from .support import PtyProcess
+
+    (tmp_path / "fixes.py").write_text(textwrap.dedent("""
+        import daifu
+
+        @daifu.on(KeyError)
+        def add(crash):
+            crash.vars["rows"]["a"] = 1
+            print("[fix] added the row", flush=True)
+            return daifu.RETRY
+    """))
+    (tmp_path / "prog.py").write_text("rows = {}\nprint('value', rows['a'])\n")
+    p = PtyProcess([sys.executable, "-m", "daifu", "--fixes", "fixes.py", "prog.py"],
+                   cwd=str(tmp_path), env={**os.environ, "NO_COLOR": "1"})
+    out = p.expect("value 1")
+    assert p.wait() == 0
+    assert out.index("crash.intercepted") < out.index("[fix] added the row"), out
