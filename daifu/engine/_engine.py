@@ -178,6 +178,14 @@ def always_key(crash: Crash) -> tuple:
 MAX_CHECKPOINTS = 3
 
 
+def _taken(crash: Crash) -> dict[str, str]:
+    """Where an outcome's crash was taken, when it passed frames below (the
+    caller's ``crash.intercepted`` is not written: one exception, one report)."""
+    if not crash.passed_through:
+        return {}
+    return {"function": crash.function, "statement": crash.statement}
+
+
 def _in_dataloader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     try:
@@ -565,7 +573,8 @@ class Engine:
             emit(CrashResumed(where=crash.where, action=decision.value, attempt=crash.attempt,
                               latency_ms=_ms(crash.started),
                               note=crash.retry_note if decision is RETRY else None,
-                              passed_through=crash.passed_through))
+                              passed_through=crash.passed_through,
+                              **_taken(crash)))
             resumed = res.continuation
             if resumed is not None and decision is not SKIP:
                 return resumed  # (function, args): the loop goes on with another iterator
@@ -606,7 +615,8 @@ class Engine:
         self._count("gave_up", 1)
         self._passed = None
         emit(CrashGaveUp(where=crash.where, exc_type=type(exc).__qualname__, reason=reason,
-                         attempt=crash.attempt, passed_through=crash.passed_through))
+                         attempt=crash.attempt, passed_through=crash.passed_through,
+                         **_taken(crash)))
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 

@@ -201,6 +201,10 @@ class CrashResumed(Event):
     #: the vaccinated frames the exception passed through, unfixed, before it
     #: was taken here (innermost first: ``file:line (function)``)
     passed_through: list[str] = field(default_factory=list)
+    #: where it was taken: the function and its statement (after passing
+    #: through frames below, this is the only line that names them)
+    function: str = ""
+    statement: str = ""
 
 
 @event
@@ -211,8 +215,10 @@ class CrashGaveUp(Event):
     exc_type: str
     reason: str
     attempt: int
-    #: as ``CrashResumed.passed_through``
+    #: as ``CrashResumed.passed_through``, ``function``, ``statement``
     passed_through: list[str] = field(default_factory=list)
+    function: str = ""
+    statement: str = ""
 
 
 @event

@@ -437,8 +437,12 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     # the crash is taken first where it is raised, then handed up to the
     # caller whose rule fixes it: the expected statement is where the fix is
     # (first-call vaccination reaches helpers without a loop, too)
-    at = [c for c in crashes if meta["statement"] in c["statement"]
-          and c["function"] == meta["function"]]
+    # (one exception, one report: a caller that took it after frames below
+    # passed it up is named by the outcome -- crash.resumed, crash.gave_up)
+    taken = crashes + [e for e in events if e["event"] in ("crash.resumed", "crash.gave_up")
+                       and e.get("passed_through")]
+    at = [c for c in taken if meta["statement"] in c.get("statement", "")
+          and c.get("function") == meta["function"]]
     res.statement = (at[0] if at else first)["statement"]
     if not at:
         res.problems.append(f"intercepted at {first['function']}: {first['statement']!r}, expected "
