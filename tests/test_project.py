@@ -142,3 +142,44 @@ def test_dash_m_vaccinates_the_package_it_runs(tmp_path):
     assert f"daifu: vaccinated pkg.loop ({tmp_path}/pkg/loop.py): in the project, " \
         f"{(tmp_path / 'pkg').resolve()}" in got.stderr.splitlines()
     assert "sibling" not in got.stderr
+
+
+def test_the_emergency_checkpoint_of_a_two_file_project_has_the_loops_position(tmp_path):
+    # (minGPT: only `{'tnow': ...}` -- the loop lived in an unvaccinated module,
+    # its frame gone by the time the crash was taken at the script's call)
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "trainer.py").write_text(textwrap.dedent("""
+        import torch
+
+        def train(model, opt, epochs, bad):
+            for epoch in range(epochs):
+                for step in range(4):
+                    x = torch.ones(2, 3) * (step + 1)
+                    loss = model(x).sum() / (0 if (epoch, step) == bad else 1)
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"loss is {loss.item()}")
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+    """))
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from trainer import train
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        train(model, opt, 3, (1, 2))
+    """))
+    log = tmp_path / "events.jsonl"
+    got = daifu(["--log", str(log), "--checkpoint-dir", "ck", "train.py"], tmp_path)
+    assert got.returncode == 1 and "FloatingPointError" in got.stderr
+    from .support import read_events
+
+    events = read_events(log)
+    (crash,) = [e for e in events if e["event"] == "crash.intercepted"]
+    assert (crash["function"], crash["statement"]) == ("train", "raise FloatingPointError("
+                                                       "f\"loss is {loss.item()}\")")
+    (saved,) = [e for e in events if e["event"] == "checkpoint.saved"]
+    ck = torch.load(saved["path"], weights_only=False)
+    assert (ck["position"]["epoch"], ck["position"]["step"]) == (1, 2)
+    assert set(ck["modules"]) == {"model"} and set(ck["optimizers"]) == {"opt"}
