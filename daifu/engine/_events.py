@@ -584,13 +584,22 @@ def _build(sink: _Sink) -> Any:
         stamp = structlog.processors.TimeStamper(fmt="%H:%M:%S")
         colors = _is_tty(sink.stream) and not os.environ.get("NO_COLOR")
         renderer = structlog.dev.ConsoleRenderer(colors=colors)
+    # (lines for people leave out the fields with nothing in them; JSON keeps
+    # every field, its schema stable)
+    steps: list[Any] = [structlog.processors.add_log_level, stamp, renderer]
+    if not as_json:
+        steps.insert(0, _without_empty)
     return structlog.wrap_logger(
         structlog.PrintLogger(file=cast("Any", sink.stream)),
-        processors=[structlog.processors.add_log_level, stamp, renderer],
+        processors=steps,
         wrapper_class=structlog.make_filtering_bound_logger(sink.level),
         context_class=dict,
         cache_logger_on_first_use=True,
     )
+
+
+def _without_empty(_logger: Any, _name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None and v != "" and v != []}
 
 
 _collecting = threading.local()  # the events of the crash this thread handles
