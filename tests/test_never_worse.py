@@ -478,3 +478,27 @@ def test_on_a_terminal_a_rules_output_comes_after_the_line_of_its_crash(tmp_path
     out = p.expect("value 1")
     assert p.wait() == 0
     assert out.index("crash.intercepted") < out.index("[fix] added the row"), out
+
+
+FORKS = """
+    import logging, os, sys, time  # logging's before-fork hook takes its lock
+    end = time.time() + 2.5
+    n = 0
+    while time.time() < end:  # fork all through daifu's preload (at 0.3 s)
+        pid = os.fork()
+        if pid == 0:
+            import asyncio, concurrent.futures  # what the preload was importing
+            os._exit(0)
+        os.waitpid(pid, 0)
+        n += 1
+    print("forked", n > 10, "preloaded", "structlog" in sys.modules or "daifu" not in sys.modules)
+"""
+
+
+def test_forking_while_the_preload_imports_neither_hangs_nor_leaves_the_child_locked(tmp_path):
+    # daifu's before-fork hook waited for the preload thread, which waited for
+    # logging's lock, held by logging's own before-fork hook: the program hung
+    out = run(tmp_path, FORKS, daifu=True, env={"DAIFU_PRELOAD": "0.3",
+                                                "PYTHONWARNINGS": "ignore::DeprecationWarning"},
+              timeout=60)
+    assert (out.returncode, out.stdout) == (0, "forked True preloaded True\n"), out.stderr

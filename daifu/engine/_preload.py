@@ -20,7 +20,10 @@ handled:
 * ``fork`` while the thread holds an import lock would leave the child a lock
   no thread of it will ever release (a DataLoader worker that then imports
   one of those modules at its first crash would hang): a before-fork hook
-  waits for the imports to finish (milliseconds, once per process);
+  waits for the imports to finish (milliseconds, once per process) -- for a
+  second at most, since another before-fork hook may hold a lock they need
+  (logging's): a child forked before they finished drops the locks and the
+  half-imported modules of the thread, which is not in it;
 * the thread must never raise into the program or print: every failure is
   swallowed (the crash imports what it needs itself then, as without it);
 * a program that dies of Ctrl-C must still die of SIGINT: CPython records an
@@ -73,20 +76,65 @@ def _imports() -> None:
             _done.set()
 
 
+#: how long a fork waits for the thread's imports to finish (seconds)
+FORK_WAIT_S = 1.0
+#: the thread's id (the child clears the import locks it held at a fork)
+_ident: int | None = None
+
+
 def _before_fork() -> None:
+    """Let the imports finish before a fork -- for a while only: another
+    before-fork hook (logging's takes its lock) may hold what they wait for,
+    and waiting for good would hang the program (a DataLoader starting its
+    workers).  A child forked meanwhile clears what the thread held
+    (``_in_child``)."""
     if _busy.locked() and not _done.is_set():
-        with _busy:  # (the thread's imports finish: no import lock is held at the fork)
-            pass
+        if _busy.acquire(timeout=FORK_WAIT_S):
+            _busy.release()
 
 
 def _in_child() -> None:
-    global _started
+    global _started, _busy
     _started = False
+    if _busy.locked() and not _done.is_set() and _ident is not None:
+        # forked while the thread imported: it is not in the child, and the
+        # module locks it held would block any import of those modules there
+        # for good; its half-imported modules go (imported again when needed)
+        _busy = threading.Lock()
+        _forget_imports_of(_ident)
+
+
+def _forget_imports_of(ident: int) -> None:
+    """Drop the import locks held by the thread ``ident`` (gone, in a forked
+    child) and the modules it was importing (never finished)."""
+    try:
+        import sys
+        from importlib import _bootstrap  # type: ignore[attr-defined]
+
+        locks = _bootstrap._module_locks
+        held = []
+        for name, ref in list(locks.items()):
+            lock = ref() if callable(ref) else ref
+            if getattr(lock, "owner", None) == ident:
+                held.append(name)
+        for name in held:
+            locks.pop(name, None)
+            module = sys.modules.get(name)
+            spec = getattr(module, "__spec__", None)
+            if module is not None and getattr(spec, "_initializing", False):
+                del sys.modules[name]
+        blocking = getattr(_bootstrap, "_blocking_on", None)
+        if blocking is not None:
+            blocking.pop(ident, None)
+    except Exception:  # (an importlib daifu does not know: as before, nothing cleared)
+        pass
 
 
 def _run(delay: float) -> None:
     """The thread: wait, then import -- listed by ``threading`` (as
     ``daifu-preload``) only while it imports."""
+    global _ident
+    _ident = _thread.get_ident()
     try:
         time.sleep(delay)
         if _stopped:
