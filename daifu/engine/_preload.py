@@ -109,9 +109,9 @@ def _forget_imports_of(ident: int) -> None:
     child) and the modules it was importing (never finished)."""
     try:
         import sys
-        from importlib import _bootstrap  # type: ignore[attr-defined]
+        from importlib import _bootstrap
 
-        locks = _bootstrap._module_locks
+        locks = _bootstrap._module_locks  # type: ignore[attr-defined]
         held = []
         for name, ref in list(locks.items()):
             lock = ref() if callable(ref) else ref
