@@ -196,6 +196,9 @@ def make_stub(code: types.CodeType, pending: Pending) -> types.CodeType:
 #: stubs made before TorchDynamo was imported (see ``_not_for_dynamo``)
 _stubs: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
 _dynamo_skip: Any = None
+#: TorchDynamo's ``set_eval_frame`` once it is imported: ``first_call`` runs
+#: the rewrite with Dynamo's frame callback off
+_set_eval_frame: Any = None
 
 
 def _not_for_dynamo(stub: types.CodeType) -> None:
@@ -214,8 +217,11 @@ def _not_for_dynamo(stub: types.CodeType) -> None:
 
 def use_dynamo() -> None:
     """TorchDynamo was imported: mark every stub made so far (and, from now
-    on, each new one) as a frame it skips."""
-    global _dynamo_skip
+    on, each new one) as a frame it skips.  ``first_call`` is skipped too,
+    and runs the rewrite with Dynamo's frame callback off: a first call made
+    by compiled code (at a graph break) would otherwise have Dynamo look at
+    every frame of the rewrite (``counters["frames"]`` would count them)."""
+    global _dynamo_skip, _set_eval_frame
     try:
         from torch._dynamo.eval_frame import skip_code
     except Exception:  # another torch: stubs are traced (a graph break at worst)
@@ -224,6 +230,13 @@ def use_dynamo() -> None:
     for stub in list(_stubs):
         skip_code(stub)
     _stubs.clear()
+    try:
+        from torch._C._dynamo.eval_frame import set_eval_frame
+
+        skip_code(first_call.__code__)
+        _set_eval_frame = set_eval_frame
+    except Exception:  # another torch: Dynamo looks at the rewrite's frames
+        pass
 
 
 def pending_of(code: Any) -> Pending | None:
@@ -240,13 +253,19 @@ def first_call(pending: Pending) -> types.FunctionType:
     function (the stub then calls it with its arguments)."""
     frame = sys._getframe(1)
     stub = frame.f_code
-    code = pending.code()
-    from ._dispatch import backend
+    set_eval_frame = _set_eval_frame
+    prior = set_eval_frame(None) if set_eval_frame is not None else None
+    try:
+        code = pending.code()
+        from ._dispatch import backend
 
-    back, _ = backend()
-    func = back.running_function(frame) if back is not None else None
-    if func is None:
-        func = _the_function(frame, stub)
+        back, _ = backend()
+        func = back.running_function(frame) if back is not None else None
+        if func is None:
+            func = _the_function(frame, stub)
+    finally:
+        if set_eval_frame is not None:
+            set_eval_frame(prior)
     del frame
     if func.__code__ is stub:
         func.__code__ = code
