@@ -171,6 +171,7 @@ def test_sdist_suite_passes_vaccinated(tmp_path, name):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _summary(proc.stdout) == _summary(plain.stdout) != "", (plain.stdout[-500:],
                                                                   proc.stdout[-500:])
+    print(f"{name} ({'whole' if FULL else 'slice'}): {_summary(proc.stdout)}")  # (pytest -s)
     passed = int(re.search(r"(\d+) passed", _summary(proc.stdout)).group(1))
     assert passed >= (700 if name == "more-itertools" else 1000)
     events = read_events(log)
