@@ -73,9 +73,10 @@ conformance: setup
 ## soak-full: the whole more-itertools and attrs suites (their sdists' tests), plain and
 ## vaccinated, on 3.11 and 3.13 (`make test` runs a fixed slice of each; ~6 minutes a Python)
 soak-full: setup
+	@test -x $(VENV313)/bin/python || { echo "no $(VENV313): make test-3.13 makes it"; exit 1; }
 	$(PY) -m tests.sdists
-	DAIFU_SOAK_FULL=1 $(PY) -m pytest tests/test_soak.py -k sdist -q
-	DAIFU_SOAK_FULL=1 $(VENV313)/bin/python -m pytest tests/test_soak.py -k sdist -q
+	DAIFU_SOAK_FULL=1 $(PY) -m pytest tests/test_soak.py -k sdist -q -s
+	DAIFU_SOAK_FULL=1 $(VENV313)/bin/python -m pytest tests/test_soak.py -k sdist -q -s
 
 ## fuzz: generated programs (pysource-codegen) run plain and vaccinated until N are compared,
 ## one after the other in one process; differences shrunk into .cache/fuzz/findings.txt
