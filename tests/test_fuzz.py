@@ -4,40 +4,58 @@ figures are in docs/conformance.md).
 
 * a fixed slice of seeds of pysource-codegen's programs, each program run
   plain twice and vaccinated (every function and the module code) in a forked
-  child of this process: the same stdout, exception (type, message, the
-  program's lines in the traceback) and exit status;
+  child of the fuzzing process: the same stdout, exception (type, message,
+  the program's lines in its traceback, its context and cause) and exit status;
 * every program the fuzzer found and kept (tests/fuzz/kept_programs.txt),
   shrunk: a known daifu bug is ``xfail(strict=True)``.
+
+Each runs ``python -m tests.fuzz.run`` in a process of its own: the fuzzer
+forks, and this process may have threads by now.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from .fuzz import compare, program
 from .fuzz.run import parse_kept
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzzer forks")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not hasattr(os, "fork"), reason="the fuzzer forks")]
 
-SLICE = range(0, 30)  # seeds: about 115 programs, ~20 s on 2 cores
+ROOT = Path(__file__).resolve().parent.parent
+SLICE = "0:30"  # seeds: about 115 programs, ~20 s of CPU
 
 
-@pytest.mark.slow
-def test_generated_programs_run_the_same_vaccinated():
+def fuzz(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
+    return subprocess.run([sys.executable, "-m", "tests.fuzz.run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check(tmp_path: Path, source: str, *args: str) -> tuple[str, str]:
+    """``(verdict, report)`` of one program, plain vs vaccinated."""
+    program = tmp_path / "program.py"
+    program.write_text(source)
+    proc = fuzz("--check", str(program), *args, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert lines and lines[-1].startswith("verdict: "), proc.stdout + proc.stderr[-3000:]
+    return lines[-1].removeprefix("verdict: "), proc.stdout
+
+
+def test_generated_programs_run_the_same_vaccinated(tmp_path):
     pytest.importorskip("pysource_codegen")
-    counts: dict[str, int] = {}
-    differ = []
-    for seed in SLICE:
-        for kind, source in program.programs(seed):
-            verdict = compare.run(source)
-            counts[verdict["verdict"]] = counts.get(verdict["verdict"], 0) + 1
-            if verdict["verdict"] in ("differs", "harness"):
-                differ.append(f"seed {seed} ({kind}):\n{source}\n{compare.explain(verdict)}")
-    assert not differ, "\n\n".join(differ[:3])
-    assert counts.get("same", 0) >= 100, counts  # (they really were compared)
+    proc = fuzz("--seeds", SLICE, "--shrink", "0", "--out", str(tmp_path))
+    report = proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads(next(tmp_path.glob("summary-*.json")).read_text())
+    assert proc.returncode == 0, report
+    assert summary.get("differs", 0) == summary.get("harness", 0) == 0, report
+    assert summary["compared"] >= 100, report  # (they really were compared)
 
 
 KEPT = parse_kept()
@@ -52,24 +70,20 @@ def _kept_params():
 
 
 @pytest.mark.parametrize("item", list(_kept_params()))
-def test_kept_program_runs_the_same_vaccinated(item):
-    verdict = compare.run(item["source"])
-    assert verdict["verdict"] in ("same", "differs"), compare.explain(verdict)
-    assert verdict["verdict"] == "same", (
-        f"{item['name']} (python {sys.version_info[0]}.{sys.version_info[1]}):\n"
-        f"{item['source']}\n{compare.explain(verdict)}")
+def test_kept_program_runs_the_same_vaccinated(tmp_path, item):
+    verdict, report = check(tmp_path, item["source"])
+    assert verdict == "same", f"{item['name']}:\n{item['source']}\n{report}"
 
 
-def test_the_harness_tells_a_difference_from_noise():
+def test_the_harness_tells_a_difference_from_noise(tmp_path):
     # a program that prints its own bytecode differs vaccinated; one that
     # prints the time differs from itself (not compared); one that loops
     # forever is stopped (not compared)
-    verdict = compare.run("def f(x):\n    return x[0]\nprint(f.__code__.co_code)\n")
-    assert verdict["verdict"] == "differs" and verdict["why"] == "outcome", verdict
-    assert compare.run("import time\nprint(time.perf_counter_ns())\n")["verdict"] == "unstable"
-    assert compare.run("while True:\n    pass\n", budget=0.2)["verdict"] == "slow"
-    same = compare.run("try:\n    [][0]\nexcept IndexError as e:\n    print(e)\n"
-                       "raise SystemExit(3)\n")
-    assert same["verdict"] == "same", same
-    assert same["plain"] == {"stdout": "list index out of range\n", "exception": "SystemExit",
-                             "message": "3", "lines": [5], "chain": [], "status": 3}
+    verdict, report = check(tmp_path, "def f(x):\n    return x[0]\nprint(f.__code__.co_code)\n")
+    assert verdict == "differs" and "differs (outcome)" in report, report
+    assert check(tmp_path, "import time\nprint(time.perf_counter_ns())\n")[0] == "unstable"
+    assert check(tmp_path, "while True:\n    pass\n", "--budget", "0.2")[0] == "slow"
+    verdict, report = check(tmp_path, "try:\n    [][0]\nexcept IndexError as e:\n"
+                                      "    print(e)\nraise SystemExit(3)\n")
+    assert verdict == "same", report
+    assert '"stdout": "list index out of range\\n"' in report and '"status": 3' in report

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         verdict = compare.run(args.check.read_text(), args.budget, args.mode)
         print(compare.explain(verdict))
+        print(f"verdict: {verdict['verdict']}")
         return 0 if verdict["verdict"] == "same" else 1
 
     args.out.mkdir(parents=True, exist_ok=True)
