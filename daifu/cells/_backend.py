@@ -20,7 +20,8 @@ else:
 
 
 class Backend(Protocol):
-    """One CPython version's rewrite and frame access (a module, e.g. ``_py311``)."""
+    """One CPython version's rewrite and frame access (``cells/_rewrite``, with
+    the frame module its ``_versions`` entry names)."""
 
     @property
     def PYTHON(self) -> tuple[int, int]:  # noqa: N802 - a module constant

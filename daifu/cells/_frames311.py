@@ -7,6 +7,10 @@ from __future__ import annotations
 import ctypes
 import types
 
+from ._frameread import decref as _decref
+from ._frameread import interpreter_frame
+from ._frameread import running_function as _running_function
+
 _CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
 _locals_to_fast = ctypes.pythonapi.PyFrame_LocalsToFast
@@ -14,9 +18,6 @@ _locals_to_fast.argtypes = [ctypes.py_object, ctypes.c_int]
 _locals_to_fast.restype = None
 
 
-_decref = ctypes.pythonapi.Py_DecRef
-_decref.argtypes = [ctypes.py_object]
-_decref.restype = None
 
 
 class _LocalsSnapshot:
@@ -81,11 +82,6 @@ def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] 
         _locals_to_fast(frame, 1)
 
 
-class _FrameObject(ctypes.Structure):
-    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
-                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
-
-
 class _InterpreterFrame(ctypes.Structure):  # CPython 3.11 Include/internal/pycore_frame.h
     _fields_ = [("f_func", ctypes.c_void_p), ("f_globals", ctypes.c_void_p),
                 ("f_builtins", ctypes.c_void_p), ("f_locals", ctypes.c_void_p),
@@ -96,18 +92,8 @@ class _InterpreterFrame(ctypes.Structure):  # CPython 3.11 Include/internal/pyco
 
 def _interpreter_frame(frame: types.FrameType) -> _InterpreterFrame | None:
     """The interpreter frame behind a frame object, if its layout is the one we
-    know (checked against the frame's code and frame object); None otherwise --
-    nothing else in it is read then."""
-    try:
-        outer = _FrameObject.from_address(id(frame))
-        if not outer.f_frame:
-            return None
-        inner = _InterpreterFrame.from_address(outer.f_frame)
-        if inner.f_code != id(frame.f_code) or inner.frame_obj != id(frame):
-            return None
-        return inner
-    except Exception:
-        return None
+    know (``_frameread.interpreter_frame``)."""
+    return interpreter_frame(frame, _InterpreterFrame, "f_code")  # type: ignore[return-value]
 
 
 def called_from_c(frame: types.FrameType) -> bool | None:
@@ -119,15 +105,6 @@ def called_from_c(frame: types.FrameType) -> bool | None:
 
 
 def running_function(frame: types.FrameType) -> types.FunctionType | None:
-    """The function object executing ``frame`` (kept in the interpreter frame's
-    first field, ``f_func``; checked against the frame's code)."""
-    inner = _interpreter_frame(frame)
-    if inner is not None and inner.f_func:
-        func = ctypes.cast(inner.f_func, ctypes.py_object).value
-        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
-            return func
-    import gc
-
-    candidates = [r for r in gc.get_referrers(frame.f_code)
-                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
-    return candidates[0] if len(candidates) == 1 else None
+    """The function object executing ``frame`` (the interpreter frame's
+    ``f_func``; checked against the frame's code)."""
+    return _running_function(frame, _interpreter_frame(frame), "f_func")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import ctypes
 import types
 
-_CO_OPTIMIZED = 0x1  # not set for module and class-body code
+from ._frameread import decref as _decref
+from ._frameread import interpreter_frame
+from ._frameread import running_function as _running_function
 
-_decref = ctypes.pythonapi.Py_DecRef
-_decref.argtypes = [ctypes.py_object]
-_decref.restype = None
+_CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
 
 def read_locals(frame: types.FrameType) -> dict:
@@ -35,11 +35,6 @@ def write_locals(frame: types.FrameType, values: dict, deleted: tuple[str, ...] 
         _unbind(frame, name)
 
 
-class _FrameObject(ctypes.Structure):
-    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
-                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
-
-
 class _InterpreterFrame(ctypes.Structure):  # CPython 3.13 Include/internal/pycore_frame.h
     _fields_ = [("f_executable", ctypes.c_void_p), ("previous", ctypes.c_void_p),
                 ("f_funcobj", ctypes.c_void_p), ("f_globals", ctypes.c_void_p),
@@ -55,18 +50,8 @@ _LOCALSPLUS = ctypes.sizeof(_InterpreterFrame)  # localsplus[] follows the fixed
 
 def _interpreter_frame(frame: types.FrameType) -> _InterpreterFrame | None:
     """The interpreter frame behind a frame object, if its layout is the one we
-    know (checked against the frame's code and frame object); None otherwise --
-    nothing else in it is read then."""
-    try:
-        outer = _FrameObject.from_address(id(frame))
-        if not outer.f_frame:
-            return None
-        inner = _InterpreterFrame.from_address(outer.f_frame)
-        if inner.f_executable != id(frame.f_code) or inner.frame_obj != id(frame):
-            return None
-        return inner
-    except Exception:
-        return None
+    know (``_frameread.interpreter_frame``)."""
+    return interpreter_frame(frame, _InterpreterFrame, "f_executable")  # type: ignore[return-value]
 
 
 def called_from_c(frame: types.FrameType) -> bool | None:
@@ -90,16 +75,7 @@ def called_from_c(frame: types.FrameType) -> bool | None:
 def running_function(frame: types.FrameType) -> types.FunctionType | None:
     """The function object executing ``frame`` (the interpreter frame's
     ``f_funcobj``; checked against the frame's code)."""
-    inner = _interpreter_frame(frame)
-    if inner is not None and inner.f_funcobj:
-        func = ctypes.cast(inner.f_funcobj, ctypes.py_object).value
-        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
-            return func
-    import gc
-
-    candidates = [r for r in gc.get_referrers(frame.f_code)
-                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
-    return candidates[0] if len(candidates) == 1 else None
+    return _running_function(frame, _interpreter_frame(frame), "f_funcobj")
 
 
 def _unbind(frame: types.FrameType, name: str) -> None:

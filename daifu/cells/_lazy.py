@@ -155,6 +155,8 @@ def _constants(stub: types.CodeType) -> types.CodeType:
     """The template with its two global loads turned into constant loads."""
     import bytecode
 
+    from ._rewrite._ops import PY
+
     bc = bytecode.Bytecode.from_code(stub)
     out: list = []
     for instr in bc:
@@ -166,10 +168,10 @@ def _constants(stub: types.CodeType) -> types.CodeType:
             null = bytecode.Instr("PUSH_NULL", location=instr.location)
             if not push_null:
                 out.append(load)
-            elif sys.version_info >= (3, 13):
-                out += [load, null]
-            else:
+            elif PY.null_below_callable:
                 out += [null, load]
+            else:
+                out += [load, null]
         else:
             out.append(instr)
     bc[:] = out

@@ -27,8 +27,9 @@ class Behaviour:
     python: tuple[int, int]
     #: the whole test suite has run on this version: it is supported
     tested: bool
-    #: the module (in ``daifu.cells``) that reads and writes its frames
-    frames: str
+    #: the module (in ``daifu.cells``) that reads and writes its frames;
+    #: None where none is written yet (a version that is not ``tested``)
+    frames: str | None
     #: ``PRECALL n`` before every ``CALL n`` (3.11 only)
     precall: bool
     #: the NULL of a call goes below the callable (3.11, 3.12) or above it
@@ -68,6 +69,10 @@ class Behaviour:
     stopiteration_intrinsic: bool
     #: a ``NOT_TAKEN`` after each conditional jump (3.14)
     not_taken: bool = False
+    #: the exception-handling instructions besides those every version has
+    #: (never part of a cell): 3.11's ``PREP_RERAISE_STAR``, ``RESUME_QUICK``;
+    #: 3.12+'s ``CLEANUP_THROW``, ``RESUME``
+    machinery: tuple[str, ...] = ("CLEANUP_THROW", "RESUME")
 
 
 _PY311 = Behaviour(
@@ -76,18 +81,19 @@ _PY311 = Behaviour(
     pop_jump="POP_JUMP_FORWARD_IF_", end_for_skips=0, inlined_comprehensions=False,
     return_const=False, superinstructions=False, load_attr_method_flag=False,
     unchecked_load_fast=False, inline_call_unwind=False, call_kw=False,
-    stopiteration_intrinsic=False)
+    stopiteration_intrinsic=False, machinery=("PREP_RERAISE_STAR", "RESUME_QUICK"))
 # each later version: what changed from the one before it
 _PY312 = replace(
-    _PY311, python=(3, 12), tested=False, frames="_frames312", precall=False,
+    _PY311, python=(3, 12), tested=False, frames=None, precall=False,
     backward_conditionals=False, pop_jump="POP_JUMP_IF_", end_for_skips=1,
     inlined_comprehensions=True, return_const=True, load_attr_method_flag=True,
-    unchecked_load_fast=True, stopiteration_intrinsic=True)
+    unchecked_load_fast=True, stopiteration_intrinsic=True,
+    machinery=("CLEANUP_THROW", "RESUME"))
 _PY313 = replace(
     _PY312, python=(3, 13), tested=True, frames="_frames313", null_below_callable=False,
     end_for_skips=2, superinstructions=True, inline_call_unwind=True, call_kw=True)
 _PY314 = replace(
-    _PY313, python=(3, 14), tested=False, frames="_frames314", return_const=False,
+    _PY313, python=(3, 14), tested=False, frames=None, return_const=False,
     not_taken=True)
 
 TABLE: dict[tuple[int, int], Behaviour] = {b.python: b for b in (_PY311, _PY312, _PY313, _PY314)}
@@ -102,3 +108,9 @@ def running() -> Behaviour | None:
     """The entry of the running interpreter, if it is supported."""
     entry = TABLE.get(sys.version_info[:2])
     return entry if entry is not None and entry.tested else None
+
+
+def current() -> Behaviour:
+    """The entry of the running interpreter, supported or not (the rewrite
+    is imported only where ``running()`` is not None)."""
+    return TABLE[sys.version_info[:2]]

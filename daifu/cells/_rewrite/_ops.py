@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import dis
-import sys
 from typing import cast
 
 from bytecode import Instr, Label
 
 from ..._record import record
-from .._versions import TABLE
+from .._versions import current
 
 #: the running interpreter's behaviours (``_dispatch`` imports this package
 #: only for a supported version)
-PY = TABLE[sys.version_info[:2]]
+PY = current()
 
 _CO_OPTIMIZED = 0x1
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
@@ -66,11 +65,10 @@ _MACHINERY = frozenset(
         "WITH_EXCEPT_START",
         "RERAISE",
         "END_ASYNC_FOR",
-        "PREP_RERAISE_STAR" if sys.version_info < (3, 12) else "CLEANUP_THROW",
         "RETURN_GENERATOR",
         "COPY_FREE_VARS",
         "MAKE_CELL",
-        "RESUME_QUICK" if sys.version_info < (3, 12) else "RESUME",
+        *PY.machinery,
     }
 )
 # No fall-through to the next instruction.

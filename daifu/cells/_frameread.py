@@ -1,0 +1,61 @@
+"""Reading an interpreter frame behind a frame object, for every layout.
+
+What differs between CPython versions is only the layout of the interpreter
+frame (``_frames311``/``_frames313`` each declare theirs, with the names of
+the two fields read here); how it is found and checked -- against the
+frame's own code and frame object, nothing else read when they do not
+match -- is the same, and written once here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+from ._consts import _decref
+
+__all__ = ["FrameObject", "decref", "interpreter_frame", "running_function"]
+
+#: (one private ``Py_DecRef`` pointer for the frame modules: ``_consts``)
+decref = _decref
+
+
+class FrameObject(ctypes.Structure):
+    """The head of a frame object (``PyFrameObject``), the same in 3.11-3.13."""
+
+    _fields_ = [("ob_refcnt", ctypes.c_ssize_t), ("ob_type", ctypes.c_void_p),
+                ("f_back", ctypes.c_void_p), ("f_frame", ctypes.c_void_p)]
+
+
+def interpreter_frame(frame: types.FrameType, layout: type[ctypes.Structure],
+                      code_field: str) -> ctypes.Structure | None:
+    """The interpreter frame behind ``frame``, read as ``layout``, if the
+    layout is the one we know: its ``code_field`` is the frame's code and its
+    ``frame_obj`` the frame itself; None otherwise."""
+    try:
+        outer = FrameObject.from_address(id(frame))
+        if not outer.f_frame:
+            return None
+        inner = layout.from_address(outer.f_frame)
+        if getattr(inner, code_field) != id(frame.f_code) or inner.frame_obj != id(frame):
+            return None
+        return inner
+    except Exception:
+        return None
+
+
+def running_function(frame: types.FrameType, inner: ctypes.Structure | None,
+                     func_field: str) -> types.FunctionType | None:
+    """The function object executing ``frame``: the interpreter frame's
+    ``func_field`` (checked against the frame's code), else the one function
+    the garbage collector finds with that code."""
+    address = getattr(inner, func_field, None) if inner is not None else None
+    if address:
+        func = ctypes.cast(address, ctypes.py_object).value
+        if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
+            return func
+    import gc  # (rarely: only where the layout check failed)
+
+    candidates = [r for r in gc.get_referrers(frame.f_code)
+                  if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
+    return candidates[0] if len(candidates) == 1 else None
