@@ -156,7 +156,12 @@ def _child(source: str, write_fd: int, selection: Selection) -> None:
     try:
         code = compile(source, FILENAME, "exec", dont_inherit=True)
         send(_outcome(code))
+        # the second plain run with the heap laid out otherwise: a program
+        # whose output hangs on addresses (a set of functions: hashed by id,
+        # iterated in address order) differs from itself, not compared
+        perturb = [bytearray(n) for n in range(1, 4000, 7)] + [object() for _ in range(3000)]
         send(_outcome(code))
+        del perturb
         # as `python -m daifu` has it (the test suite's conftest makes a
         # function that cannot be vaccinated an error, and turns off the cache)
         options.strict, options.dump, options.cache = False, None, None
