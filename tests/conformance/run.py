@@ -329,7 +329,7 @@ def stale(reports: list[Report], known: list[dict], flaky: list[dict]) -> list[d
     seen = [d for r in reports for d in r.known + r.flaky]
     pythons = {r.python for r in reports}
     return [e for e in known if set(e.get("python", pythons)) & pythons
-            and not any(matches(e, d) for d in seen)]
+            and not e.get("racy") and not any(matches(e, d) for d in seen)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         out = ns.out / ver
         if ns.compare:
             plain, daifu = load(out / "plain.jsonl"), load(out / "daifu.jsonl")
+            for side, name in ((plain, "plain"), (daifu, "daifu")):
+                if (out / f"{name}.done").exists():
+                    side.wall = float((out / f"{name}.done").read_text())
             reports.append(classify(Report(ver, plain, daifu), known, flaky, out))
             continue
         if not exe.exists():
@@ -394,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("  " + d.line())
     if not tests and not ns.compare:
         for entry in stale(reports, known, flaky):
-            print(f"\nno longer seen (remove it from {ns.known.name}): {entry['id']}")
+            print(f"\nno longer seen (remove it from {ns.known.name}): {entry['id']} "
+                  f"({entry['reason'].splitlines()[0]})")
     summary = {"wall_s": round(wall, 1), "reports": [
         {"python": r.python, "modules": len(r.plain.modules), "tests": len(r.plain.tests),
          "plain_s": round(r.plain.wall, 1), "daifu_s": round(r.daifu.wall, 1),
