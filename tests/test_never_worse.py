@@ -344,15 +344,16 @@ LEFTOVERS = """
 
 @pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"]], ids=["dev", "error"])
 def test_no_thread_listed_and_no_resource_warning_at_exit(tmp_path, flags):
-    # the stacks file (kept for faulthandler) was an unclosed file object:
-    # "ResourceWarning: unclosed file" (with -W error "Exception ignored");
-    # the preload thread was a threading.Timer listed from start-up
+    # the stacks file (kept for faulthandler) and the --log file were
+    # unclosed file objects: "ResourceWarning: unclosed file" (with -W error
+    # "Exception ignored"); the preload thread was a threading.Timer listed
+    # from start-up
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(LEFTOVERS))
     env = {**os.environ, "DAIFU_CONSOLE": "0", "DAIFU_PRELOAD": "1.5"}
     outs = [subprocess.run([sys.executable, *flags, *mode, str(script)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60, env=env)
-            for mode in ([], ["-m", "daifu"])]
+            for mode in ([], ["-m", "daifu", "--log", str(tmp_path / "events.jsonl")])]
     assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
         (0, "1 ['MainThread']\n1 True\n", "")] * 2, outs[1].stderr
 

@@ -33,10 +33,39 @@ def configure(log_file: str | None = None, level: str = "info", fmt: str = "auto
     elif log_file:
         log_file = expand_path(log_file)
         fd = open_private(log_file, "the log file (--log-file)", ConfigError, sink=True)
-        stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
-        _events.configure(stream, level, json=True if json is None else json)
+        _events.configure(_FdStream(fd), level,  # type: ignore[arg-type]
+                          json=True if json is None else json)
     else:
         _events.configure(None, level, json=json)
+
+
+class _FdStream:
+    """A log file as a bare descriptor written a line at a time: never a
+    file object left open at exit (a ``ResourceWarning`` under ``-X dev``,
+    pytest, unittest), and each line one ``write`` in append mode."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            lines, _, self._pending = self._pending.rpartition("\n")
+            try:
+                os.write(self._fd, (lines + "\n").encode("utf-8", "replace"))
+            except OSError:
+                pass  # (a log that cannot be written must not stop the job)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
 
 
 class _RankFile:
@@ -59,7 +88,7 @@ class _RankFile:
                     sys.stderr.write(f"daifu: {exc}; daifu's log goes to stderr\n")
                     self._stream = sys.stderr
                 else:
-                    self._stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+                    self._stream = _FdStream(fd)
             return self._stream.write(text)
 
     def flush(self) -> None:
