@@ -144,10 +144,20 @@ class ExceptionMemo:
             with self._lock:  # a new exception raised here at recycled addresses
                 self._ids.pop(id(exc), None)
             return False
+        head = tb
         while tb is not None:
             if id(tb) == tb_id:
-                return id(tb.tb_frame) == frame_id and tb.tb_lasti == lasti
+                if id(tb.tb_frame) != frame_id or tb.tb_lasti != lasti:
+                    break  # (another entry at a dead one's address)
+                if head is not None and tb is not head:
+                    # moved up: the next barrier finds it at the head's next
+                    # entry at once (a deep stack is not walked at every frame)
+                    with self._lock:
+                        self._ids[id(exc)] = (id(head), id(head.tb_frame), head.tb_lasti)
+                return True
             tb = tb.tb_next
+        with self._lock:  # not this exception: another one's, freed (addresses reused)
+            self._ids.pop(id(exc), None)
         return False
 
     def holds(self, exc: BaseException) -> bool:
