@@ -525,3 +525,20 @@ def test_a_recursion_error_through_thousands_of_vaccinated_frames_is_linear(tmp_
         print("fast", time.perf_counter() - started < 3)
     """, timeout=120)
     assert out.stdout == "fast True\n"
+
+
+def test_a_job_leaves_nothing_in_the_temporary_directory(tmp_path):
+    # /tmp/daifu-$UID (the job file for `ps`, the stacks file) stayed behind:
+    # CPython's suite reported "leaked temporary files" for every module
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "prog.py").write_text(
+        "import os, tempfile\nprint(os.listdir(tempfile.gettempdir()))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DAIFU_RUNTIME_DIR", "XDG_RUNTIME_DIR")}
+    env.update(TMPDIR=str(tmp), DAIFU_CONSOLE="0")
+    out = subprocess.run([sys.executable, "-m", "daifu", "prog.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"['daifu-{os.getuid()}']\n"  # (while it runs: ps lists it)
+    assert os.listdir(tmp) == []

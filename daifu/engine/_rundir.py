@@ -172,11 +172,23 @@ _stacks_files: list = []
 
 
 def unregister_job() -> None:
+    directories = set()
     while _registered:
         pid, path = _registered.pop()
         if pid == os.getpid():
             try:
                 os.unlink(path)
+            except OSError:
+                pass
+            directories.add(os.path.dirname(path))
+    if not os.environ.get(RUNTIME_ENV):
+        # a default directory (/tmp/daifu-$UID) left empty goes too: a job
+        # leaves nothing behind (a program checking its temporary directory
+        # for leaks -- CPython's own tests -- sees none); one another job
+        # still uses is not empty, and is kept
+        for directory in directories:
+            try:
+                os.rmdir(directory)
             except OSError:
                 pass
 
