@@ -337,7 +337,9 @@ def test_signal_handlers_look_the_same_to_the_program(tmp_path):
 LEFTOVERS = """
     import sys, threading, time
     print(threading.active_count(), [t.name for t in threading.enumerate()])
-    time.sleep(3.0)  # (daifu's preload has run by now: DAIFU_PRELOAD=1.5)
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:  # a program at work (daifu's preload runs: DAIFU_PRELOAD=1.5)
+        [[] for _ in range(100)]
     print(threading.active_count(), "structlog" in sys.modules or "daifu" not in sys.modules)
 """
 

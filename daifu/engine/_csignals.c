@@ -27,6 +27,8 @@
 #include <Python.h>
 #include <structmember.h>  /* (T_OBJECT_EX, READONLY: 3.11) */
 #include <signal.h>
+#include <time.h>
+#include <pthread.h>
 
 #ifndef NSIG
 #define NSIG 65
@@ -326,6 +328,209 @@ set_live(PyObject *module, PyObject *arg)
     return PyLong_FromUnsignedLongLong(previous);
 }
 
+/* ``call_soon(fn)``: ``fn()`` on the main thread at the interpreter's next
+ * check between instructions (a pending call), with the program's tracer
+ * and profiler off and its signals held back meanwhile: daifu's own work
+ * done in the program's thread but unseen by it (``_preload``).  What
+ * ``fn`` raises is dropped. */
+static int
+run_soon(void *arg)
+{
+    PyObject *fn = (PyObject *)arg;  /* (a reference owned by this call) */
+    if (fn == NULL) {
+        return 0;
+    }
+    PyThreadState *tstate = PyThreadState_Get();
+    Py_tracefunc trace = tstate->c_tracefunc, profile = tstate->c_profilefunc;
+    PyObject *traceobj = Py_XNewRef(tstate->c_traceobj);
+    PyObject *profileobj = Py_XNewRef(tstate->c_profileobj);
+    if (trace != NULL) {
+        PyEval_SetTrace(NULL, NULL);
+    }
+    if (profile != NULL) {
+        PyEval_SetProfile(NULL, NULL);
+    }
+    held++;
+    PyObject *res = PyObject_CallNoArgs(fn);
+    Py_XDECREF(res);
+    PyErr_Clear();
+    Py_DECREF(fn);
+    if (profile != NULL) {
+        PyEval_SetProfile(profile, profileobj);
+    }
+    if (trace != NULL) {
+        PyEval_SetTrace(trace, traceobj);
+    }
+    Py_XDECREF(traceobj);
+    Py_XDECREF(profileobj);
+    PyErr_Clear();
+    PyObject *none = release(NULL, NULL);  /* (what came meanwhile: scheduled) */
+    Py_XDECREF(none);
+    PyErr_Clear();
+    return 0;
+}
+
+static PyObject *
+call_soon(PyObject *module, PyObject *fn)
+{
+    Py_INCREF(fn);
+    if (Py_AddPendingCall(run_soon, fn) != 0) {
+        Py_DECREF(fn);
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* ``timer_start(seconds, fn)``: ``call_soon(fn)`` once ``seconds`` have
+ * passed, asked for by a thread of its own that is no Python thread (no
+ * thread state, in no ``threading.enumerate()``, all signals blocked): it
+ * waits on a condition and calls ``Py_AddPendingCall``, nothing else.
+ * ``timer_stop()`` ends it (and joins it) and returns the seconds that were
+ * left, or None where none was waiting: the preload stops it before a fork
+ * (a 3.12+ ``fork()`` warns of a process with threads) and starts it again
+ * after.  One at a time. */
+static pthread_mutex_t timer_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t timer_cond;
+static int timer_cond_ready = 0;
+static pthread_t timer_thread;
+static int timer_running = 0;  /* (a thread to join) */
+static int timer_stopping = 0;
+static double timer_due = 0.0;
+static PyObject *timer_fn = NULL;  /* (owned; handed to the pending call) */
+
+#if PY_VERSION_HEX < 0x030D0000
+#define Py_IsFinalizing _Py_IsFinalizing
+#endif
+
+static double
+monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *
+timer_main(void *unused)
+{
+    pthread_mutex_lock(&timer_mutex);
+    while (!timer_stopping && monotonic() < timer_due) {
+        struct timespec ts;
+        double due = timer_due;
+        ts.tv_sec = (time_t)due;
+        ts.tv_nsec = (long)((due - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&timer_cond, &timer_mutex, &ts);
+    }
+    PyObject *fn = NULL;
+    if (!timer_stopping) {
+        fn = timer_fn;
+        timer_fn = NULL;
+    }
+    pthread_mutex_unlock(&timer_mutex);
+    if (fn != NULL && !Py_IsFinalizing()) {
+        if (Py_AddPendingCall(run_soon, fn) != 0) {
+            return NULL;  /* (the queue is full: dropped -- a reference leaked, no call) */
+        }
+#if PY_VERSION_HEX < 0x030D0000
+        /* (before 3.13 a pending call asked for by another thread wakes the
+         * main thread only when it next works out what it has to handle --
+         * when it takes the GIL back after a switch: ask for one) */
+        if (!Py_IsFinalizing()) {
+            PyGILState_STATE gil = PyGILState_Ensure();
+            PyGILState_Release(gil);
+        }
+#endif
+    }
+    return NULL;
+}
+
+static void
+timer_join(void)
+{
+    /* (the GIL is released while joining: the thread takes no GIL, but
+     * Py_AddPendingCall may wait for the pending calls' lock) */
+    if (!timer_running) {
+        return;
+    }
+    pthread_mutex_lock(&timer_mutex);
+    timer_stopping = 1;
+    pthread_cond_signal(&timer_cond);
+    pthread_mutex_unlock(&timer_mutex);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(timer_thread, NULL);
+    Py_END_ALLOW_THREADS
+    timer_running = 0;
+}
+
+static PyObject *
+timer_stop(PyObject *module, PyObject *unused)
+{
+    timer_join();
+    PyObject *fn = timer_fn;  /* (the thread has ended: nobody else touches it) */
+    timer_fn = NULL;
+    if (fn == NULL) {
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(fn);
+    double left = timer_due - monotonic();
+    return PyFloat_FromDouble(left > 0.0 ? left : 0.0);
+}
+
+/* (in a child of fork() -- any fork, os.fork() or C's -- the thread is not
+ * there: nothing to join, no timer; its function's reference is left) */
+static void
+timer_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    timer_mutex = fresh;
+    timer_running = 0;
+    timer_stopping = 0;
+    timer_fn = NULL;
+    timer_cond_ready = 0;
+}
+
+static int timer_atfork_set = 0;
+
+static PyObject *
+timer_start(PyObject *module, PyObject *args)
+{
+    double seconds;
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "dO:timer_start", &seconds, &fn)) {
+        return NULL;
+    }
+    timer_join();  /* (one that has fired: joined; one waiting: replaced) */
+    Py_CLEAR(timer_fn);
+    if (!timer_atfork_set) {
+        if (pthread_atfork(NULL, NULL, timer_atfork_child) != 0) {
+            Py_RETURN_FALSE;
+        }
+        timer_atfork_set = 1;
+    }
+    if (!timer_cond_ready) {
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&timer_cond, &attr);
+        pthread_condattr_destroy(&attr);
+        timer_cond_ready = 1;
+    }
+    timer_fn = Py_NewRef(fn);
+    timer_due = monotonic() + (seconds > 0.0 ? seconds : 0.0);
+    timer_stopping = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);  /* (the new thread inherits it) */
+    int err = pthread_create(&timer_thread, NULL, timer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+        Py_CLEAR(timer_fn);
+        Py_RETURN_FALSE;
+    }
+    timer_running = 1;
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 state(PyObject *module, PyObject *unused)
 {
@@ -345,6 +550,14 @@ static PyMethodDef methods[] = {
     {"set_live", set_live, METH_O,
      "set_live(mask) -> the previous mask: signals delivered at once even while held"},
     {"state", state, METH_NOARGS, "(held, live, waiting, scheduled), for tests"},
+    {"call_soon", call_soon, METH_O,
+     "call_soon(fn) -> scheduled: fn() on the main thread at the next check between "
+     "instructions, untraced, signals held"},
+    {"timer_start", timer_start, METH_VARARGS,
+     "timer_start(seconds, fn) -> started: call_soon(fn) once seconds have passed "
+     "(a thread that is no Python thread waits)"},
+    {"timer_stop", timer_stop, METH_NOARGS,
+     "timer_stop() -> the seconds that were left, or None: the timer ended, its thread joined"},
     {NULL, NULL, 0, NULL}
 };
 
