@@ -35,7 +35,7 @@ demo: setup
 test: test-3.11 test-3.13
 
 test-3.11: setup $(VENV)/.frameworks
-	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1 $(PY) -m pytest
+	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1 $(PY) -m pytest --durations=40
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## check: the fast lane (under 3 minutes on 2 cores): lint, then every test not
@@ -49,7 +49,7 @@ test-3.13:
 	test -x $(VENV313)/bin/python || { PY313=$$($(PY313_BUILD)) && $$PY313 -m venv $(VENV313); }
 	$(VENV313)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV313)/bin/python -m pip install --quiet -e '.[test]'
-	DAIFU_REQUIRE_SPEEDUPS=1 $(VENV313)/bin/python -m pytest
+	DAIFU_REQUIRE_SPEEDUPS=1 $(VENV313)/bin/python -m pytest --durations=40
 	$(VENV313)/bin/python -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 ## bench: the full performance harness; asserts the targets, rewrites docs/performance.md
