@@ -544,3 +544,16 @@ def test_a_job_leaves_nothing_in_the_temporary_directory(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"['daifu-{os.getuid()}']\n"  # (while it runs: ps lists it)
     assert os.listdir(tmp) == []
+
+
+# -- what the program can see of daifu's state: builtins, descriptors ------------------------
+
+def test_a_deep_copy_of_the_builtins_namespace_works(tmp_path):
+    # the builtin list the stubs read holds the sys module: deepcopy of
+    # vars(builtins) raised "cannot pickle 'module' object" (CPython's test_getpath)
+    same_as_python(tmp_path, """
+        import builtins, copy
+        ns = copy.deepcopy({"__builtins__": vars(builtins), "x": [1]})
+        print(sorted(ns), len(copy.copy(vars(builtins))) == len(vars(builtins)))
+    """)
+

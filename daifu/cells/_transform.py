@@ -81,6 +81,20 @@ class Selection:
                 return True
         return False
 
+    def names(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
+        """Is the function marked, or named by a pattern that is no wildcard?"""
+        from ._source import is_marked
+
+        if is_marked(scope):
+            return True
+        for pattern in self.entries:
+            mod_pat, _, qual_pat = pattern.rpartition(":")
+            if mod_pat and not (module and fnmatchcase(module, mod_pat)):
+                continue
+            if qual_pat not in ("*", "**") and fnmatchcase(code.co_qualname, qual_pat):
+                return True
+        return False
+
     def unmatched(self) -> list[str]:
         """The name patterns of ``entries`` that no function matched so far."""
         return [p for p in self.entries
@@ -139,7 +153,7 @@ def _ensure_engine() -> None:
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
-                    record: bool = True) -> None:
+                    record: bool = True, warn: bool = True) -> None:
     if record:
         report.skipped.append((qualname, reason))
         report.skipped_lines.append(line)
@@ -147,7 +161,8 @@ def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None
     message = f"daifu: {qualname} ({where}) is not vaccinated and runs unmodified: {reason}"
     if options.strict:
         raise TransformError(message, qualname=qualname, filename=report.filename, reason=reason)
-    warnings.warn(message, NotVaccinatedWarning, stacklevel=4)
+    if warn:
+        warnings.warn(message, NotVaccinatedWarning, stacklevel=4)
 
 
 def _check_version(report: Report) -> Backend | None:
@@ -224,7 +239,12 @@ def vaccinate_module(
             except back.NothingToProtect:
                 pass  # no statement of its own (``def f(): pass``): nothing can fail
             except back.Unsupported as exc:
-                _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno)
+                # (an async function a wildcard selected: in the report -- the
+                # module.vaccinated event, --explain -- but no warning into the
+                # program's own warnings, where -W error would fail its import)
+                _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno,
+                                warn=getattr(exc, "kind", "") != "async"
+                                or selection.names(co, scope, module))
             else:
                 report.vaccinated.append(info)
                 if options.dump:
@@ -274,7 +294,9 @@ def rewrite_pending(pending: _lazy.Pending) -> types.CodeType | None:
     except back.NothingToProtect:
         return None
     except back.Unsupported as exc:
-        _not_vaccinated(report, original.co_qualname, str(exc), original.co_firstlineno)
+        named = loaded is not None and loaded.selection.names(original, scope, pending.module)
+        _not_vaccinated(report, original.co_qualname, str(exc), original.co_firstlineno,
+                        warn=getattr(exc, "kind", "") != "async" or named)
         return None
     if options.dump:
         _dump(report, new)

@@ -331,7 +331,23 @@ _CATCH_ALL = (BaseException, Exception)
 #:   to that handler without a call (the barrier would answer "re-raise").
 #:   The engine clears it whenever it starts to keep such state; the barrier
 #:   sets it again when it has none.
-passing: list = [None, None, True]
+class _Shared(list):
+    """The list ``passing`` is: a builtin the program can reach, so a copy of
+    it is the list itself (``copy.copy``, ``copy.deepcopy``): it holds the
+    ``sys`` module, which cannot be copied, and a program's
+    ``copy.deepcopy(vars(builtins))`` (or of an ``exec`` namespace holding
+    ``__builtins__``) failed under daifu (CPython's test_getpath)."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> _Shared:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _Shared:
+        return self
+
+
+passing: list = _Shared([None, None, True])
 
 
 class _Memo(threading.local):

@@ -126,7 +126,9 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
          replace_consts: dict | None = None, continuation: Continuation | None = None) -> Plan:
     """Decode, analyse, and cut the code into cells (appended to ``info.cells``)."""
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
-        raise Unsupported("async functions and async generators are not vaccinated yet")
+        exc = Unsupported("async functions and async generators are not vaccinated yet")
+        exc.kind = "async"  # (a known limitation: said aloud only for a function named)
+        raise exc
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     if continuation is not None and PY.unchecked_load_fast:
         _checked_loads(bc)

@@ -29,7 +29,11 @@ _INTRINSIC_STOPITERATION_ERROR = 3
 
 
 class Unsupported(Exception):
-    """This code object cannot be rewritten; the message says why."""
+    """This code object cannot be rewritten; the message says why.  ``kind``:
+    ``"async"`` for a limitation documented as such (not warned of where a
+    wildcard selected the function)."""
+
+    kind = ""
 
 
 class NothingToProtect(Unsupported):
