@@ -95,7 +95,14 @@ def test_second_vaccination_loads_the_same_code_from_the_cache(cache):
     info = cached_report.vaccinated[0]
     assert all(cell.info is info for cell in info.cells)
     assert info.original is not None and not daifu.cells.is_vaccinated(info.original)
-    # the function that cannot be vaccinated warns again, from the cache too
+    # the async function '**' selected is reported, without a warning, from the
+    # cache too; named, it warns again from the cache
+    assert warned == warned_again == []
+    assert cached_report.skipped == report.skipped and report.skipped[0][0] == "fetch"
+    named = Selection(entries=("**", "fetch"))
+    _, first, warned = _vaccinate(selection=named)
+    _, cached_named, warned_again = _vaccinate(selection=named)
+    assert cached_named.cached and not first.cached
     assert [str(w.message) for w in warned] == [str(w.message) for w in warned_again]
     assert any("fetch" in str(w.message) for w in warned_again)
 

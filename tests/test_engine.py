@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import traceback
@@ -293,6 +294,8 @@ def test_in_frame_suppress_is_respected(m):
 
 def test_pytest_raises_in_frame_is_respected():
     ns = vaccinate('''
+import json
+
 import pytest
 def check(xs):
     for x in xs:
@@ -753,3 +756,55 @@ def test_a_crash_nobody_is_asked_about_says_how_to_make_it_wait(m):
     reason = next(e["reason"] for e in logs if e["event"] == "crash.gave_up")
     assert reason.startswith("no fix available")
     assert "run with --wait SECONDS (DAIFU_WAIT), then: python -m daifu attach PID" in reason
+
+
+def test_an_event_emitted_while_the_logger_is_built_is_written_after_it(monkeypatch):
+    # building daifu's logger imports structlog, which imports rich, which
+    # imports attr: with --modules attr, vaccinating attr emitted an event whose
+    # write waited for the lock the build held in the same thread -- the job
+    # hung at its first event (attrs' suite, vaccinated, in CI)
+    import io
+    import threading
+
+    from daifu.engine import _events
+    from daifu.engine._journal import JournalOpened
+
+    stream = io.StringIO()
+    _events.configure(stream, "info", json=True)
+    real_build = _events._build
+
+    def build_that_imports_a_vaccinated_module(sink):
+        _events.emit(JournalOpened(path="inner"))
+        return real_build(sink)
+
+    monkeypatch.setattr(_events, "_build", build_that_imports_a_vaccinated_module)
+    done = threading.Event()
+
+    def first_event():
+        _events.emit(JournalOpened(path="outer"))
+        done.set()
+
+    thread = threading.Thread(target=first_event, daemon=True)
+    thread.start()
+    assert done.wait(10), "the first event's write hung"
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["path"] for line in lines] == ["outer", "inner"]
+    _events.configure()
+
+
+def test_the_preload_waits_while_daifu_code_called_by_the_program_runs():
+    # the preload's imports run on the main thread between two instructions:
+    # inside daifu's own code (an event being written, a barrier) they could
+    # wait for a lock that very thread holds -- they wait for a later moment
+    from daifu.engine import _events, _preload
+
+    assert not _preload._busy(sys._getframe())  # the program's own code
+    seen = []
+    _events.listeners.append(lambda ev: seen.append(_preload._busy(sys._getframe())))
+    try:
+        from daifu.engine._journal import JournalOpened
+
+        _events.emit(JournalOpened(path="x"))
+    finally:
+        _events.listeners.pop()
+    assert seen == [True]

@@ -113,6 +113,7 @@ class Report:
     lazy: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (qualname, reason)
     skipped_lines: list[int | None] = field(default_factory=list)  # first line of each
+    quiet: list[str] = field(default_factory=list)  # skipped without a warning (qualnames)
     dumps: list[str] = field(default_factory=list)
     #: True when the code came from the on-disk cache (``_cache``)
     cached: bool = False
@@ -157,6 +158,8 @@ def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None
     if record:
         report.skipped.append((qualname, reason))
         report.skipped_lines.append(line)
+        if not warn:
+            report.quiet.append(qualname)
     where = f"{report.filename}:{line}" if line else report.filename
     message = f"daifu: {qualname} ({where}) is not vaccinated and runs unmodified: {reason}"
     if options.strict:
@@ -333,7 +336,8 @@ def vaccinate_source(
             report.cached = True
             for (qualname, reason), line in zip(report.skipped, report.skipped_lines):
                 # the same warnings (or strict error) as when it was rewritten
-                _not_vaccinated(report, qualname, reason, line, record=False)
+                _not_vaccinated(report, qualname, reason, line, record=False,
+                                warn=qualname not in report.quiet)
             _register(filename)
             loaded = _registry.record(filename, module, selection, source)
             if report.lazy:

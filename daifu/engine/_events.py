@@ -457,6 +457,13 @@ class _Sink:
 
 _sink = _Sink(_CurrentStderr())
 _lock = threading.Lock()
+#: per thread: ``building`` -- the thread is importing what the logger needs
+#: (structlog, rich...); ``deferred`` -- the events emitted meanwhile (by a
+#: vaccinated module those imports load: ``--modules attr``, which rich
+#: imports), written once the logger is built.  (The build held ``_lock``
+#: while importing: that event's write waited for the lock its own thread
+#: held, and the job hung at start-up.)
+_building = threading.local()
 #: in-process observers of every event (``capture()``; the test suite's guard)
 listeners: list[Callable[[Event], None]] = []
 
@@ -562,12 +569,23 @@ def program_random_untouched() -> Iterator[None]:
 
 def warm() -> None:
     """Import what building the logger imports (``_preload``)."""
-    with program_random_untouched():
-        import importlib.metadata  # noqa: F401 - see the module docstring
+    _building.on = True
+    try:
+        with program_random_untouched():
+            import importlib.metadata  # noqa: F401 - see the module docstring
 
-        import structlog
+            import structlog
 
-        structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
+            structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
+    finally:
+        _building.on = False
+        _write_deferred()
+
+
+def _write_deferred() -> None:
+    deferred = getattr(_building, "deferred", None)
+    while deferred:
+        _write(deferred.pop(0))
 
 
 def _build(sink: _Sink) -> Any:
@@ -742,15 +760,26 @@ def _write(ev: Event) -> None:
         if LEVELS[ev.level] < sink.level:
             return
         if sink.logger is None:
+            if getattr(_building, "on", False):  # (emitted by an import of the build)
+                if not hasattr(_building, "deferred"):
+                    _building.deferred = []
+                _building.deferred.append(ev)
+                return
+            _building.on = True
+            try:  # (no lock held while importing: two first events may both build)
+                logger = _build(sink)
+            finally:
+                _building.on = False
             with _lock:
                 if sink.logger is None:
-                    sink.logger = _build(sink)
+                    sink.logger = logger
         fields = ev.fields()
         if _DISTRIBUTED:
             fields = {**_DISTRIBUTED, **fields}
         getattr(sink.logger, ev.level)(ev.event, **fields)
     except Exception:  # logging must never break recovery
         pass
+    _write_deferred()
 
 
 @contextlib.contextmanager

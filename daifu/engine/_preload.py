@@ -21,7 +21,8 @@ the interpreter for a *pending call*), which runs the imports at the main
 thread's next check between instructions, between two of the program's
 bytecodes, with its tracer and profiler off and its signals held back (a pdb
 session or a profile sees nothing of them).  Not while the program is itself
-importing (its module locks held): then again 50 ms later.  Around a
+importing (its module locks held), or inside daifu's own code (a barrier,
+an event being written: its locks may be held), then again 50 ms later.  Around a
 ``fork()`` the timer stops and starts again (3.12+ warns of a fork in a
 process with threads); a child has none.
 
@@ -65,12 +66,28 @@ def _imports() -> None:
         _done.set()
 
 
-def _importing(frame) -> bool:
-    """Is the main thread inside an import (its module locks held)?"""
+_DAIFU_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _busy(frame) -> bool:
+    """Is the main thread inside an import (its module locks held), or in
+    daifu's own code called by the program (a stub's barrier, the engine, an
+    event being written: its locks may be held -- the imports would wait for
+    them in the thread that holds them)?  daifu's runner below the program
+    does not count."""
+    chain = []
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
+        chain.append(frame.f_code.co_filename)
         frame = frame.f_back
+    program_below = False
+    for filename in reversed(chain):  # (from the bottom of the stack up)
+        if filename.startswith("<frozen importlib"):
+            return True
+        if filename.startswith(_DAIFU_DIR):
+            if program_below:
+                return True
+        elif not filename.startswith("<frozen"):
+            program_below = True
     return False
 
 
@@ -82,7 +99,7 @@ def _now() -> None:
         below = sys._getframe(1)
     except ValueError:  # (no Python frame below: the interpreter's shutdown)
         return
-    if _importing(below):
+    if _busy(below):
         _timer().timer_start(0.05, _now)
         return
     _imports()
