@@ -31,12 +31,15 @@ demo: setup
 	$(PY) -m daifu --fixes examples/mnist/fixes.py examples/mnist/train.py --epochs 3
 
 ## test: the whole test suite and a smoke run of the benchmark harness, on CPython 3.11
-## (with torch) and 3.13 (what CI runs).  Both interpreters are set up first, one after
-## the other (their editable installs build into the same tree); then the two suites run
+## (with torch) and 3.13 (what CI runs).  3.11's venv is set up while CPython 3.13 is
+## built (where it is not yet); their editable installs, which build into the same tree,
+## one after the other; then the two suites run
 ## side by side (2 cores: the 3.11 suite waits on subprocesses much of its time), each
 ## one's output printed whole when it ends.  networkx's soak (~3 min) runs on 3.13 here,
 ## on both under `make soak-full`.
-test: setup $(VENV)/.frameworks $(VENV313)/.installed
+test:
+	$(MAKE) -j2 --output-sync=target $(VENV)/.frameworks $(VENV313)/bin/python  # (3.13 builds meanwhile)
+	$(MAKE) $(VENV313)/.installed
 	$(PY) -m tests.sdists  # (the soaks' sdists, fetched once, before the suites share them)
 	$(MAKE) -j2 --output-sync=target test-3.11 test-3.13
 
@@ -51,9 +54,11 @@ check: lint
 	$(PY) -m pytest -m "not slow" -q
 
 ## test-3.13: the whole suite under CPython 3.13 (the torch tests skip without torch)
-$(VENV313)/.installed: pyproject.toml setup.cfg setup.py daifu/engine/_routes.c daifu/engine/_csignals.c daifu/hooks/_cmain.c
-	@test -x $(VENV313)/bin/python || test -n "$(PY313_BUILD)" || { echo "no CPython 3.13 toolchain (../shared/toolchains/python3.13)"; exit 1; }
-	test -x $(VENV313)/bin/python || { PY313=$$($(PY313_BUILD)) && $$PY313 -m venv $(VENV313); }
+$(VENV313)/bin/python:
+	@test -n "$(PY313_BUILD)" || { echo "no CPython 3.13 toolchain (../shared/toolchains/python3.13)"; exit 1; }
+	PY313=$$($(PY313_BUILD)) && $$PY313 -m venv $(VENV313)
+
+$(VENV313)/.installed: $(VENV313)/bin/python pyproject.toml setup.cfg setup.py daifu/engine/_routes.c daifu/engine/_csignals.c daifu/hooks/_cmain.c
 	$(VENV313)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV313)/bin/python -m pip install --quiet -e '.[test]'
 	touch $@
