@@ -13,7 +13,9 @@ the child when a run takes longer than its budget.
 
 Verdicts: ``same``; ``differs`` (the plain runs agree, the vaccinated one does
 not); ``unstable`` (the two plain runs differ: ids, addresses that survive the
-normalisation, ... -- not compared); ``slow`` (a plain run over budget -- not
+normalisation, ... -- not compared; where the vaccinated run differs, the
+plain program is run up to ``RECHECKS`` times more, each on a heap laid out
+otherwise, and one of those differing from the first makes it unstable too); ``slow`` (a plain run over budget -- not
 compared).
 """
 
@@ -37,6 +39,7 @@ from daifu.engine import ENGINE
 
 FILENAME = "/daifu-fuzz/program.py"
 STEPS = 5000  # loop iterations and function calls (__guard__) per run
+RECHECKS = 8  # plain runs more, each on another heap, before "differs"
 MEMORY = 1 << 30  # the child's address space (bytes) on top of what it has at fork
 
 
@@ -155,7 +158,8 @@ def _child(source: str, write_fd: int, selection: Selection) -> None:
     sys.setrecursionlimit(1000)
     try:
         code = compile(source, FILENAME, "exec", dont_inherit=True)
-        send(_outcome(code))
+        plain = _outcome(code)
+        send(plain)
         # the second plain run with the heap laid out otherwise: a program
         # whose output hangs on addresses (a set of functions: hashed by id,
         # iterated in address order) differs from itself, not compared
@@ -169,7 +173,21 @@ def _child(source: str, write_fd: int, selection: Selection) -> None:
         vcode, report = vaccinate_source(source, FILENAME, selection, module="__main__")
         if report.skipped:
             send({"skipped": [list(s) for s in report.skipped]})
-        send(_outcome(vcode))
+        vaccinated = _outcome(vcode)
+        send(vaccinated)
+        if vaccinated != plain:
+            # before "differs": the plain program again, the heap laid out
+            # another way each time -- one whose output hangs on addresses
+            # (a set of functions, iterated in address order) comes out
+            # otherwise now and then even when the two runs above agreed
+            for n in range(1, 1 + RECHECKS):
+                perturb = [bytearray(size) for size in range(n, 2000 * n, 5 + n)]
+                perturb += [type(f"T{i}", (), {}) for i in range(n * 7)]
+                again = _outcome(code)
+                del perturb
+                send({"recheck": again})
+                if again != plain:
+                    break
     except BaseException as exc:  # noqa: BLE001 - the harness failed: said, never hidden
         send({"harness": f"{type(exc).__name__}: {exc}",
               "traceback": traceback.format_exc()[-3000:]})
@@ -248,7 +266,9 @@ def _collect(read_fd: int, budget: float) -> tuple[list[dict], bool]:
     with os.fdopen(read_fd, "rb", buffering=0) as pipe:
         while True:
             phase = len([r for r in results if "stdout" in r])
-            limit = budget * (1 + phase) if phase < 2 else budget * 2 + 3 * budget + 1
+            rechecks = len([r for r in results if "recheck" in r])
+            limit = (budget * (1 + phase) if phase < 2
+                     else budget * 2 + 3 * budget + 1 + budget * rechecks + (budget if phase > 2 else 0))
             left = started + limit - time.monotonic()
             if left <= 0:
                 killed = True
@@ -287,8 +307,13 @@ def _verdict(results: list[dict], killed: bool, status: int) -> dict:
         verdict["verdict"] = "differs"
         verdict["why"] = end or (harness[0] if harness else "no result")
     elif runs[2] != runs[0]:
-        verdict["verdict"] = "differs"
-        verdict["why"] = "outcome"
+        rechecks = [r["recheck"] for r in results if "recheck" in r]
+        if any(again != runs[0] for again in rechecks):
+            # the plain program differed from itself on another heap
+            verdict["verdict"] = "unstable"
+        else:
+            verdict["verdict"] = "differs"
+            verdict["why"] = "outcome"
     else:
         verdict["verdict"] = "same"
     return verdict
