@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-3.11 test-3.13 check bench scenarios conformance lint clean
+.PHONY: setup demo test test-3.11 test-3.11-most test-3.11-distributed test-3.13 test-3.13-then-distributed check bench scenarios conformance lint clean
 
 # CPython 3.13: built from the source tarball in ../shared/toolchains when this
 # machine has none (about 4 minutes, once); torch is optional there
@@ -35,18 +35,32 @@ demo: setup
 ## built (where it is not yet); their editable installs, which build into the same tree,
 ## one after the other; then the two suites run
 ## side by side (2 cores: the 3.11 suite waits on subprocesses much of its time), each
-## one's output printed whole when it ends.  networkx's soak (~3 min) runs on 3.13 here,
+## one's output printed whole when it ends; 3.11's distributed tests run after the
+## 3.13 suite, so that both lanes end about together.  networkx's soak (~3 min) runs on 3.13 here,
 ## on both under `make soak-full`.
 test:
 	$(MAKE) -j2 --output-sync=target $(VENV)/.frameworks $(VENV313)/bin/python  # (3.13 builds meanwhile)
 	$(MAKE) $(VENV313)/.installed
 	$(PY) -m tests.sdists  # (the soaks' sdists, fetched once, before the suites share them)
-	$(MAKE) -j2 --output-sync=target test-3.11 test-3.13
+	$(MAKE) -j2 --output-sync=target test-3.11-most test-3.13-then-distributed
 
-test-3.11: setup $(VENV)/.frameworks
-	DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1 $(PY) -m pytest --durations=40 \
+REQUIRE311 = DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1
+
+## test-3.11: the whole suite on 3.11 alone (`make test` splits it in two: the
+## distributed tests run after the 3.13 suite, beside the rest of 3.11's)
+test-3.11: test-3.11-most test-3.11-distributed
+
+test-3.11-most: setup $(VENV)/.frameworks
+	$(REQUIRE311) $(PY) -m pytest --durations=40 --ignore tests/test_distributed.py \
 	    --deselect tests/test_soak.py::test_networkx_suite_passes_vaccinated
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
+
+test-3.11-distributed: setup $(VENV)/.frameworks
+	$(REQUIRE311) $(PY) -m pytest --durations=10 tests/test_distributed.py
+
+test-3.13-then-distributed:
+	$(MAKE) test-3.13
+	$(MAKE) test-3.11-distributed
 
 ## check: the fast lane (under 3 minutes on 2 cores): lint, then every test not
 ## marked slow, on CPython 3.11 -- what to run before each commit; CI runs `make test`
