@@ -15,8 +15,8 @@ Verdicts: ``same``; ``differs`` (the plain runs agree, the vaccinated one does
 not); ``unstable`` (the two plain runs differ: ids, addresses that survive the
 normalisation, ... -- not compared; where the vaccinated run differs, the
 plain program is run up to ``RECHECKS`` times more, each on a heap laid out
-otherwise, and one of those differing from the first makes it unstable too); ``slow`` (a plain run over budget -- not
-compared).
+otherwise, and one of those differing from the first makes it unstable too);
+``slow`` (a plain run over budget -- not compared).
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _collect(read_fd: int, budget: float) -> tuple[list[dict], bool]:
             phase = len([r for r in results if "stdout" in r])
             rechecks = len([r for r in results if "recheck" in r])
             limit = (budget * (1 + phase) if phase < 2
-                     else budget * 2 + 3 * budget + 1 + budget * rechecks + (budget if phase > 2 else 0))
+                     else budget * 5 + 1 + budget * (rechecks + (phase > 2)))
             left = started + limit - time.monotonic()
             if left <= 0:
                 killed = True
