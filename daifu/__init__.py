@@ -135,6 +135,27 @@ def uninstall() -> None:
     _uninstall()
 
 
+def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any]:
+    """Resume a checkpoint daifu saved (a crash given up, SIGTERM, the
+    console's ``checkpoint``) into the running program, in one call::
+
+        position = daifu.resume(args.resume, model=model, optimizer=opt,
+                                scheduler=sched, loader=train_loader)
+
+    Each object gets its saved state, looked up by the keyword's name (or
+    the only one of its kind); ``daifu.resume(path)`` alone restores the
+    objects the checkpoint names (``model``, ``opt``...) where it is called.
+    The RNG (python, numpy, torch, CUDA) is set as it was at the start of the
+    iteration to resume, and a ``DataLoader`` passed goes on, at its next
+    ``iter()``, with the next batch of the same shuffled order.  Returns the
+    loop position saved (``{"epoch": 1, "step": 3}``).  Raises
+    ``daifu.ResumeError`` (nothing changed) when the file is not daifu's, was
+    written by a newer daifu, or does not hold what was passed."""
+    from .engine._resume import resume as _resume
+
+    return _resume(path, map_location=map_location, **objects)
+
+
 def __getattr__(name: str) -> Any:
     """``load_checkpoint`` and ``restore_rng`` (``engine/_checkpoint.py``):
     imported on first use, not at every start of every job."""
@@ -142,6 +163,10 @@ def __getattr__(name: str) -> Any:
         from .engine import _checkpoint
 
         return getattr(_checkpoint, name)
+    if name == "ResumeError":
+        from .engine._resume import ResumeError
+
+        return ResumeError
     raise AttributeError(f"module 'daifu' has no attribute {name!r}")
 
 
@@ -158,6 +183,7 @@ __all__ = [
     "Decision",
     "NotVaccinatedWarning",
     "PatchError",
+    "ResumeError",
     "TransformError",
     "UnsupportedPythonWarning",
     "all_ranks",
@@ -167,6 +193,7 @@ __all__ = [
     "on",
     "replace",
     "restore_rng",
+    "resume",
     "uninstall",
     "unload_ipython_extension",
     "vaccinate",

@@ -132,16 +132,16 @@ def _frames(frame: types.FrameType | None) -> list[types.FrameType]:
 
 
 def _has_loop(code: types.CodeType) -> bool:
-    from ..cells import cells_of, original_code
+    from ..cells import original_code
 
-    info = cells_of(code)
-    if info is not None:
-        return any(c.role == "loop-header" for c in info.cells)
+    # (the original code: a vaccinated one has jumps back of its own; a
+    # ``while`` loop has no loop-header cell)
     raw = original_code(code).co_code
     return any(op in _LOOP_OPS for op in raw[::2])
 
 
-_LOOP_OPS = frozenset(__import__("dis").opmap[name] for name in ("FOR_ITER", "JUMP_BACKWARD"))
+_LOOP_OPS = frozenset(op for name, op in __import__("dis").opmap.items()
+                      if name == "FOR_ITER" or "BACKWARD" in name)
 
 
 def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] | None:
@@ -204,6 +204,15 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
             take(type(names["self"]).__name__, names["self"], 0)
     if not found["modules"] and not found["optimizers"]:
         return None
+    loaders: dict[str, Any] = {}
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    loader_cls = getattr(data, "DataLoader", None)
+    if isinstance(loader_cls, type):
+        for _, names in reversed(scopes):
+            for name, value in names.items():
+                if isinstance(value, loader_cls) and not name.startswith("__") \
+                        and all(value is not v for v in loaders.values()):
+                    loaders[name if name not in loaders else f"{name}#{len(loaders)}"] = value
     position: dict[str, Any] = {}
     for f, names in reversed(scopes):  # outermost loop first
         if f is None or not _has_loop(f.f_code):
@@ -213,7 +222,7 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
                 key = name if position.get(name, value) == value else \
                     f"{f.f_code.co_qualname}.{name}"
                 position[key] = value
-    return {"objects": found, "position": position, "trainers": trainers}
+    return {"objects": found, "position": position, "trainers": trainers, "loaders": loaders}
 
 
 def _rng(torch: Any) -> dict[str, Any]:
@@ -269,7 +278,18 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
                 state[kind][name] = None
                 if say is not None:
                     say(f"{kind} {name}: state_dict() failed: {type(exc).__name__}: {exc}")
-    state["rng"] = _rng(torch)
+    from ._resume import FORMAT, KEEPER
+
+    # the RNG and the loaders as they were at the start of the iteration to
+    # resume (``_resume``: the last optimizer step or loader header since);
+    # as they are now where no step was taken yet
+    kept = KEEPER.rng()
+    state["rng"] = kept if kept is not None else _rng(torch)
+    state["rng_at"] = KEEPER.at if kept is not None else "save"
+    state["loaders"] = {name: KEEPER.loader_state(loader) or {"batches": None}
+                        for name, loader in found["loaders"].items()}
+    state["loop"] = KEEPER.loop()
+    state["format"] = FORMAT
     state["position"] = found["position"]
     state["where"] = where
     state["exception"] = (f"{type(exception).__qualname__}: {exception}"

@@ -41,9 +41,6 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.apply()
     uninstall()
     from ..cells._lazy import use_dynamo
-    from ..engine._distributed import extend_collective_timeouts
-    from ..engine._loaders import record_sent_indices
-    from ._child import patch_spawn
 
     # patched now if the program imported them, else when it does (never
     # import multiprocessing or torch for a program that does not use them):
@@ -51,8 +48,26 @@ def install(modules: str | None = None, entry: str | None = None,
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
+    from ..engine import ENGINE
+    from ..engine._distributed import extend_collective_timeouts
+    from ..engine._loaders import record_sent_indices
+    from ..engine._resume import keep_loaders, keep_steps
+    from ._child import patch_spawn
+
+    def loaders() -> None:
+        record_sent_indices()
+        if ENGINE.checkpoint:
+            keep_loaders()
+
+    def steps() -> None:
+        if ENGINE.checkpoint:
+            keep_steps()
+
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
-               "torch.utils.data.dataloader": lambda: record_sent_indices(),
+               "torch.utils.data.dataloader": loaders,
+               # the resume point: the RNG and the loaders' positions at each
+               # optimizer step and the header after it (engine/_resume.py)
+               "torch.optim.optimizer": steps,
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
                "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out

@@ -1,0 +1,547 @@
+"""The resume point: the training state as it was at the start of the
+iteration a checkpoint resumes, kept as the job runs, and ``daifu.resume``.
+
+A crash happens in the middle of an iteration: the failed step has already
+drawn random numbers (dropout, augmentation, ``random.random()`` in a
+``Dataset``) and taken its batch from the ``DataLoader``.  Saving the RNG
+as it is at the crash resumes into a different run.  What an exact resume
+needs is the state at the last *consistent point*: a training-loop header
+reached after an optimizer step returned.
+
+* **The optimizer step.**  torch's global step hook
+  (``register_optimizer_step_post_hook``) marks each ``optimizer.step()``
+  (a ``GradScaler``'s, Lightning's and the HF Trainer's included), whatever
+  the loop around it is (``for``, ``while``, ``while True`` with a
+  ``break``, in a function or at module level, vaccinated or not).  The RNG
+  states are kept there.  A nanoGPT-style gradient-accumulation loop steps
+  once per outer iteration: its micro-steps are never a resume point.
+* **The header.**  A loop over a ``DataLoader`` reaches its header when it
+  asks for the next batch: the first ``__next__`` after a step keeps the
+  RNG states again (what the program drew between the step and the header,
+  and the new epoch's loader, are then part of the resumed state) together
+  with how many batches each live loader iterator has handed out.
+* **The loader.**  When an iterator is made, the torch RNG and the loader's
+  and sampler's generators are kept as they were just before (what its
+  shuffle order and worker seeds are drawn from).  ``daifu.resume(...,
+  loader=...)`` arms the loader: its next ``iter()`` is made from those
+  states, skips the batches already taken (by index, without loading them,
+  for a map-style dataset in the main process; by loading them, so that each
+  worker's RNG goes through the same draws, with workers or an iterable
+  dataset), then puts the RNG back to the resume point.
+
+What is kept costs a few microseconds per optimizer step: python's
+``random`` and numpy's global state are copied as raw bytes (one
+``memmove`` each; numpy's full state is asked for only when those bytes
+changed), torch's CPU state with ``get_state()``.  Nothing of this runs
+without torch, with ``--no-checkpoint``, or before the program imports
+``torch.optim`` / ``torch.utils.data``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import weakref
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import Any
+
+#: the checkpoint format this daifu writes (``daifu.resume`` reads it and
+#: every older one; a newer one is refused with a clear message)
+FORMAT = 1
+
+_N = 624  # Mersenne Twister words
+
+
+class ResumeError(Exception):
+    """A checkpoint cannot be resumed into these objects (the message says
+    what does not match)."""
+
+
+class _RawMT:
+    """A Mersenne Twister state read as raw bytes through its address (one
+    ``memmove``: ~0.5 us, where ``random.getstate()`` builds 625 ints, ~9 us),
+    checked once against the state the object itself reports."""
+
+    def __init__(self, address: int, size: int) -> None:
+        import ctypes
+
+        self._memmove = ctypes.memmove
+        self._address = address
+        self._size = size
+        self._make = ctypes.create_string_buffer
+
+    def read(self) -> bytes:
+        buf = self._make(self._size)
+        self._memmove(buf, self._address, self._size)
+        return buf.raw
+
+
+def _python_reader() -> _RawMT | None:
+    """``random._inst``'s state (CPython's ``RandomObject``: the object
+    header, ``int index``, ``uint32_t state[624]``), or None where the bytes
+    do not say what ``getstate()`` says (another layout: ``getstate()`` then)."""
+    try:
+        inst: Any = random._inst
+        reader = _RawMT(id(inst) + object.__basicsize__, 4 + 4 * _N)
+        if _python_state(reader.read(), inst.gauss_next) != inst.getstate():
+            return None
+        return reader
+    except Exception:
+        return None
+
+
+def _python_state(raw: bytes, gauss_next: Any) -> tuple:
+    import array
+
+    index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
+    words = array.array("I")
+    words.frombytes(raw[4:])
+    return (3, tuple(words) + (index,), gauss_next)
+
+
+def _numpy_reader(numpy: Any) -> _RawMT | None:
+    """numpy's global MT19937 (key and position) as raw bytes: a cheap
+    test of "did the program draw from numpy since?" -- the full state
+    (``get_state()``, ~50 us) is asked for only then."""
+    try:
+        bitgen = numpy.random.mtrand._rand._bit_generator
+        return _RawMT(bitgen.ctypes.state_address, 4 * _N + 4)
+    except Exception:
+        return None
+
+
+class Keeper:
+    """What the resume point needs, kept at each optimizer step and at the
+    next loader header (one per process: ``KEEPER``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        #: optimizer steps since the process started (or since ``resume``)
+        self.steps = 0
+        #: a step came, no header since (at the start too: the first header
+        #: of the first iteration is a resume point)
+        self._stepped = True
+        #: the RNG states at the resume point, raw (``rng()`` formats them)
+        self._rng: dict[str, Any] | None = None
+        #: where it was kept: "optimizer-step" or "loader-header"
+        self.at: str | None = None
+        #: live loader iterators -> (the loader, states before it was made)
+        self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: loader -> {"batches": n, "made": states} at the resume point
+        self._loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: where the program called ``optimizer.step()`` (``_caller``)
+        self._site: tuple[tuple[Any, int], ...] = ()
+        self._py: Any = False  # (a _RawMT, None, or False: not looked for yet)
+        self._np: Any = False
+        self._np_raw: bytes | None = None
+        self._np_state: Any = None
+
+    # -- keeping ---------------------------------------------------------------
+
+    def _keep_rng(self) -> dict[str, Any]:
+        torch = sys.modules["torch"]
+        if self._py is False:
+            self._py = _python_reader()
+        py = self._py
+        out: dict[str, Any] = {
+            "python": (py.read(), random._inst.gauss_next) if py  # type: ignore[attr-defined]
+            else random.getstate(),
+            "torch": torch.default_generator.get_state(),
+        }
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if self._np is False:
+                self._np = _numpy_reader(numpy)
+            raw = self._np.read() if self._np else None
+            if raw is None or raw != self._np_raw:
+                try:
+                    self._np_state = numpy.random.get_state()
+                except Exception:
+                    self._np_state = None
+                self._np_raw = raw
+            if self._np_state is not None:
+                out["numpy"] = self._np_state
+        cuda = getattr(torch, "cuda", None)
+        try:
+            if cuda is not None and cuda.is_initialized():
+                out["cuda"] = cuda.get_rng_state_all()
+        except Exception:
+            pass
+        return out
+
+    def _keep_loaders(self) -> None:  # noqa: D401
+        loaders = {}
+        for it, (loader, made) in list(self._iters.items()):
+            loaders[loader] = {"batches": getattr(it, "_num_yielded", 0), "made": made,
+                               "workers": getattr(loader, "num_workers", 0)}
+        self._loaders = weakref.WeakKeyDictionary(loaders)
+
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """torch's global optimizer step post hook."""
+        try:
+            self.steps += 1
+            self._stepped = True
+            self._rng = self._keep_rng()
+            self.at = "optimizer-step"
+            self._keep_loaders()
+            self._site = _caller()
+        except Exception:  # (never the program's step)
+            pass
+
+    def on_header(self, it: Any) -> None:
+        """The first ``__next__`` of a loader iterator after a step."""
+        try:
+            self._rng = self._keep_rng()
+            self.at = "loader-header"
+            self._keep_loaders()
+        except Exception:
+            pass
+
+    def on_made(self, it: Any, loader: Any, made: dict[str, Any]) -> None:
+        try:
+            self._iters[it] = (loader, made)
+        except TypeError:
+            pass
+
+    # -- what the checkpoint gets ----------------------------------------------
+
+    def rng(self) -> dict[str, Any] | None:
+        """The RNG states at the resume point, as ``restore_rng`` takes them."""
+        rng = self._rng
+        if rng is None:
+            return None
+        out = dict(rng)
+        if self._py and isinstance(rng["python"][0], bytes):
+            out["python"] = _python_state(*rng["python"])
+        return out
+
+    def loader_state(self, loader: Any) -> dict[str, Any] | None:
+        """``{"batches": n, "made": states, "workers": w}`` for ``loader`` at
+        the resume point (None: it was not being iterated then)."""
+        try:
+            return self._loaders.get(loader)
+        except TypeError:
+            return None
+
+    def loop(self) -> dict[str, Any] | None:
+        """The training-step loop: the innermost loop around the call of
+        ``optimizer.step()`` (its file, function and header line) and the
+        steps taken."""
+        if not self._site:
+            return None
+        found = _training_loop(self._site)
+        if found is None:
+            return {"file": None, "function": None, "line": None, "steps": self.steps}
+        code, line = found
+        return {"file": code.co_filename, "function": code.co_qualname, "line": line,
+                "steps": self.steps}
+
+
+KEEPER = Keeper()
+
+
+def _caller() -> tuple[tuple[Any, int], ...]:
+    """Where the program called ``optimizer.step()``: its frames (code,
+    instruction) from the caller outwards, torch's and the frameworks' left
+    out."""
+    out: list[tuple[Any, int]] = []
+    frame: Any = sys._getframe(2)
+    while frame is not None and len(out) < 16:
+        code = frame.f_code
+        if not any(part in code.co_filename for part in _LIBRARIES):
+            out.append((code, frame.f_lasti))
+        frame = frame.f_back
+    return tuple(out)
+
+
+_LIBRARIES = ("/torch/", "/lightning/", "/pytorch_lightning/", "/transformers/",
+              "/accelerate/", "/daifu/")
+
+
+def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int] | None:
+    """The innermost loop (of the original code) around the call of
+    ``optimizer.step()``, from the caller outwards: (code, header line)."""
+    import dis
+
+    from ..cells import original_code
+
+    for code, lasti in site:
+        line = None
+        for start, end, lineno in code.co_lines():
+            if start <= lasti < end:
+                line = lineno
+                break
+        if line is None:
+            continue
+        orig = original_code(code)
+        lines: dict[int, int | None] = {}
+        current = None
+        best = None
+        for ins in dis.get_instructions(orig):
+            if ins.positions is not None and ins.positions.lineno is not None:
+                current = ins.positions.lineno
+            lines[ins.offset] = current
+            if "BACKWARD" in ins.opname and isinstance(ins.argval, int):
+                # (a ``while`` loop's condition, repeated at its end, has
+                # the ``while`` line: the body's lines are the span's)
+                span = [n for at, n in lines.items() if at >= ins.argval and n is not None]
+                first = lines.get(ins.argval)
+                if first is not None and span and min(span) <= line <= max(span) \
+                        and (best is None or first > best):
+                    best = first
+        if best is not None:
+            return orig, _header_line(orig, line, best)
+    return None
+
+
+def _header_line(code: Any, line: int, first: int) -> int:
+    """The ``for``/``while`` line of the innermost loop around ``line`` in
+    ``code``'s source (the bytecode knows the loop's first line only: a
+    ``while`` jumps back to its body), else ``first``."""
+    import ast
+    import linecache
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(code.co_filename)))
+    except (SyntaxError, ValueError):
+        return first
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) \
+                and node.lineno <= first and line <= (node.end_lineno or 0) \
+                and node.lineno >= code.co_firstlineno \
+                and (best is None or node.lineno > best):
+            best = node.lineno
+    return best if best is not None else first
+
+
+# -- the hooks ---------------------------------------------------------------------------
+
+_installed: set[str] = set()
+
+
+def keep_steps(module: Any = None) -> None:
+    """Once ``torch.optim.optimizer`` is imported: its global step hook."""
+    if "steps" in _installed:
+        return
+    if module is None:
+        import torch.optim.optimizer as module
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is None:
+        return
+    register(KEEPER.on_step)
+    _installed.add("steps")
+
+
+def keep_loaders(module: Any = None) -> None:
+    """Once ``torch.utils.data.dataloader`` is imported: the states a new
+    iterator is made from, the first batch asked for after a step, and an
+    armed loader's resume."""
+    if "loaders" in _installed:
+        return
+    if module is None:
+        import torch.utils.data.dataloader as module
+    loader_cls = getattr(module, "DataLoader", None)
+    base = getattr(module, "_BaseDataLoaderIter", None)
+    if loader_cls is None or base is None or "__next__" not in base.__dict__:
+        return
+    get_iterator = loader_cls._get_iterator
+    next_ = base.__next__
+
+    def _get_iterator(self):
+        armed = self.__dict__.pop("_daifu_resume", None)
+        if armed is not None:
+            return _resumed_iterator(self, get_iterator, armed)
+        made = _states(self)
+        it = get_iterator(self)
+        KEEPER.on_made(it, self, made)
+        return it
+
+    def __next__(self):
+        if not KEEPER._stepped:
+            return next_(self)
+        # the loop's header, after a step: kept; again at the next one until
+        # a batch comes (an epoch's end: the next epoch's first batch is it)
+        KEEPER.on_header(self)
+        item = next_(self)
+        KEEPER._stepped = False
+        return item
+
+    _get_iterator.__qualname__ = f"{loader_cls.__qualname__}._get_iterator"
+    __next__.__qualname__ = f"{base.__qualname__}.__next__"
+    _get_iterator._daifu = __next__._daifu = True  # type: ignore[attr-defined]
+    loader_cls._get_iterator = _get_iterator
+    base.__next__ = __next__
+    _installed.add("loaders")
+
+
+def _states(loader: Any) -> dict[str, Any]:
+    """What a new iterator of ``loader`` draws from: torch's RNG, the
+    loader's and its sampler's generators."""
+    torch = sys.modules["torch"]
+    made: dict[str, Any] = {"torch": torch.default_generator.get_state()}
+    for key, owner in (("generator", loader), ("sampler_generator", _sampler(loader))):
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator):
+            made[key] = gen.get_state()
+    return made
+
+
+def _sampler(loader: Any) -> Any:
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is not None and getattr(batch_sampler, "sampler", None) is not None:
+        sampler = batch_sampler.sampler
+    return sampler
+
+
+def _set_states(loader: Any, made: dict[str, Any]) -> None:
+    torch = sys.modules["torch"]
+    torch.default_generator.set_state(made["torch"])
+    for key, owner in (("generator", loader), ("sampler_generator", _sampler(loader))):
+        gen = getattr(owner, "generator", None)
+        if key in made and isinstance(gen, torch.Generator):
+            gen.set_state(made[key])
+
+
+def _resumed_iterator(loader: Any, get_iterator: Any, armed: dict[str, Any]) -> Any:
+    """The iterator ``loader`` had at the resume point: made from the same
+    states, the batches it had handed out taken again (not loaded where that
+    is safe), and the RNG put back as it is now (the resume point's)."""
+    torch = sys.modules["torch"]
+    now = {"torch": torch.default_generator.get_state(), "python": random.getstate()}
+    numpy: Any = sys.modules.get("numpy")
+    if numpy is not None:
+        now["numpy"] = numpy.random.get_state()
+    made = armed["made"]
+    try:
+        _set_states(loader, made)
+        it = get_iterator(loader)
+        KEEPER.on_made(it, loader, made)
+        skip = int(armed.get("batches", 0))
+        dataset = getattr(loader, "dataset", None)
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if not iterable and getattr(loader, "num_workers", 0) == 0 and hasattr(it, "_next_index"):
+            for _ in range(skip):
+                it._next_index()  # (the sampler's order, nothing loaded)
+            it._num_yielded = skip
+        else:
+            for _ in range(skip):
+                next(it)  # (each worker loads what it loaded before: its RNG follows)
+    finally:
+        torch.default_generator.set_state(now["torch"])
+        random.setstate(now["python"])
+        if "numpy" in now:
+            numpy.random.set_state(now["numpy"])
+    return it
+
+
+# -- daifu.resume ------------------------------------------------------------------------
+
+_KINDS = ("modules", "optimizers", "schedulers", "scalers")
+
+
+def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any]:
+    """Restore a checkpoint daifu wrote into the running program; returns
+    the position to go on from (see ``daifu.resume``)."""
+    from .. import __version__
+    from ._checkpoint import load_checkpoint, restore_rng
+
+    try:
+        ck = load_checkpoint(path, map_location=map_location)
+    except FileNotFoundError:
+        raise ResumeError(f"no checkpoint at {path}") from None
+    if not isinstance(ck, dict) or "rng" not in ck or not any(k in ck for k in _KINDS):
+        raise ResumeError(f"{path} is not a checkpoint daifu wrote")
+    fmt = ck.get("format", 0)
+    if not isinstance(fmt, int) or fmt > FORMAT:
+        raise ResumeError(f"{path} was written by daifu {ck.get('daifu', '?')} (checkpoint "
+                          f"format {fmt}); this daifu ({__version__}) reads formats up to "
+                          f"{FORMAT}: resume with that daifu or a newer one")
+    if not objects:
+        objects = _by_saved_names(ck, sys._getframe(2))
+    torch = sys.modules.get("torch")
+    loader_cls = torch.utils.data.DataLoader if torch is not None else None
+    plan: list[tuple[str, Any, Any]] = []
+    for name, obj in objects.items():
+        if obj is None:
+            continue
+        if loader_cls is not None and isinstance(obj, loader_cls):
+            entry = _pick(ck.get("loaders") or {}, name, "loaders", path)
+            plan.append(("loader", obj, entry))
+            continue
+        kind = _kind(obj, torch)
+        if kind is None:
+            raise ResumeError(f"{name}={type(obj).__name__}: daifu restores modules, "
+                              "optimizers, LR schedulers, GradScalers and DataLoaders")
+        state = _pick(ck.get(kind) or {}, name, kind, path)
+        if state is None:
+            raise ResumeError(f"{name}: its state_dict() failed when {path} was saved: "
+                              "nothing to restore it from")
+        plan.append((kind, obj, state))
+    # (every object checked before any is changed: a mismatch changes nothing)
+    for kind, obj, state in plan:
+        if kind == "loader":
+            continue
+        try:
+            obj.load_state_dict(state)
+        except Exception as exc:
+            raise ResumeError(f"{type(obj).__name__}.load_state_dict() refused the saved "
+                              f"{kind[:-1]}: {type(exc).__name__}: {exc}".split("\n")[0]) \
+                from exc
+    keep_loaders()  # (plain python too: the armed loader needs its hook)
+    keep_steps()
+    restore_rng(ck)
+    for kind, obj, entry in plan:
+        if kind == "loader" and entry.get("batches") is not None:
+            obj.__dict__["_daifu_resume"] = entry
+    KEEPER.steps = int((ck.get("loop") or {}).get("steps") or 0)
+    position = dict(ck.get("position") or {})
+    return position
+
+
+def _kind(obj: Any, torch: Any) -> str | None:
+    from ._checkpoint import _kind_of, _kinds
+
+    if torch is None:
+        return None
+    return _kind_of(obj, _kinds(torch))
+
+
+def _pick(saved: dict[str, Any], name: str, kind: str, path: str) -> Any:
+    if name in saved:
+        return saved[name]
+    if len(saved) == 1:
+        return next(iter(saved.values()))
+    held = ", ".join(sorted(saved)) or "none"
+    raise ResumeError(f"{name}: {path} holds no {kind[:-1]} by that name "
+                      f"(its {kind}: {held}); pass it by one of those names")
+
+
+def _by_saved_names(ck: dict[str, Any], frame: Any) -> dict[str, Any]:
+    """``daifu.resume(path)``: the objects the checkpoint names, found under
+    the same names where ``resume`` was called (``model``, ``trainer.opt``)."""
+    scope = {**frame.f_globals, **frame.f_locals}
+    found: dict[str, Any] = {}
+    missing = []
+    for kind in (*_KINDS, "loaders"):
+        for name in ck.get(kind) or {}:
+            head, *rest = name.split("#")[0].split(".")
+            obj = scope.get(head)
+            for attr in rest:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                missing.append(name)
+            else:
+                found[name] = obj
+    if not found:
+        raise ResumeError("none of the objects the checkpoint holds ("
+                          + ", ".join(missing) + ") is here by that name: pass them, "
+                          "daifu.resume(path, model=model, optimizer=opt, ...)")
+    return found

@@ -1,0 +1,251 @@
+"""Resume as if it never stopped: a crash given up mid-iteration (after the
+failed step drew random numbers and took its batch), resumed with one
+``daifu.resume`` call, ends bit-identical to a run that never crashed -- with
+a shuffled ``DataLoader`` (in the main process and with workers), a
+``Dataset`` that draws from ``random`` and torch, dropout, and the training
+loop written as ``for`` or as ``while`` (``engine/_resume.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .support import assert_identical, load_params, read_events
+
+pytestmark = pytest.mark.torch
+
+TRAIN = textwrap.dedent('''
+    import argparse, random
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, Dataset
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--resume")
+    p.add_argument("--crash", default="")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--loop", default="for")
+    args = p.parse_args()
+    crash = tuple(int(v) for v in args.crash.split(",")) if args.crash else None
+
+    torch.manual_seed(0)
+    random.seed(0)
+    torch.use_deterministic_algorithms(True)
+
+
+    class Noisy(Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i)) / 40 + torch.rand(4) * 0.1
+            return x * (1 + random.random()), torch.tensor([float(i % 3)])
+
+
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=args.workers)
+    EPOCHS = 3
+    start_epoch = start_i = 0
+    if args.resume:
+        import daifu
+        position = daifu.resume(args.resume, model=model, optimizer=opt, scheduler=sched,
+                                loader=loader)
+        start_epoch, start_i = position["epoch"], position["i"]
+
+
+    def step(epoch, i, x, y):
+        out = model(x)
+        noise = random.random()
+        if (epoch, i) == crash:
+            raise RuntimeError(f"bad step {epoch},{i}")
+        loss = ((out - y) ** 2).mean() * (1 + noise)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+    def train_for():
+        for epoch in range(start_epoch, EPOCHS):
+            for i, (x, y) in enumerate(loader):
+                step(epoch, i, x, y)
+            sched.step()
+            random.random()  # (an epoch's end draws too)
+
+
+    def train_while():
+        epoch = start_epoch
+        while True:
+            if epoch >= EPOCHS:
+                break
+            it = iter(loader)
+            i = start_i if epoch == start_epoch else 0
+            while i < len(loader):
+                x, y = next(it)
+                step(epoch, i, x, y)
+                i += 1
+            sched.step()
+            random.random()
+            epoch += 1
+
+
+    (train_for if args.loop == "for" else train_while)()
+    torch.save(model.state_dict(), args.out)
+''')
+
+
+def _run(args, cwd: Path, daifu: bool) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
+    env.update(DAIFU_CONSOLE="0", DAIFU_CHECKPOINT_DIR=str(cwd / "ck"))
+    argv = [sys.executable, *(["-m", "daifu", "--log-file", "events.jsonl"] if daifu else []),
+            "train.py", *args]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+_references: dict[tuple[int, str], Path] = {}
+
+
+def _reference(tmp_path_factory, workers: int, loop: str) -> Path:
+    key = (workers, loop)
+    if key not in _references:
+        where = tmp_path_factory.mktemp(f"reference-{workers}-{loop}")
+        (where / "train.py").write_text(TRAIN)
+        done = _run(["--workers", str(workers), "--loop", loop, "--out", "ref.pt"], where,
+                    daifu=False)
+        assert done.returncode == 0, done.stderr
+        _references[key] = where / "ref.pt"
+    return _references[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workers", "loop", "crash"), [
+    (0, "for", "1,2"),    # mid-epoch, main-process loading
+    (2, "for", "1,2"),    # mid-epoch, two workers (each one's RNG goes through its batches)
+    (0, "for", "1,0"),    # the first batch of an epoch (the epoch's end code ran)
+    (0, "while", "2,4"),  # a ``while`` loop, the last batch of the run
+    (2, "while", "0,0"),  # the very first step, nothing stepped yet
+])
+def test_a_crash_resumed_with_one_call_ends_as_if_it_never_stopped(tmp_path, tmp_path_factory,
+                                                                   workers, loop, crash):
+    pytest.importorskip("torch", reason="PyTorch not available")
+    reference = _reference(tmp_path_factory, workers, loop)
+    (tmp_path / "train.py").write_text(TRAIN)
+    common = ["--workers", str(workers), "--loop", loop]
+    crashed = _run([*common, "--crash", crash, "--out", "x.pt"], tmp_path, daifu=True)
+    assert crashed.returncode == 1 and f"RuntimeError: bad step {crash}" in crashed.stderr
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1, crashed.stderr[-3000:]
+    epoch, i = (int(v) for v in crash.split(","))
+    assert saved[0]["position"]["epoch"] == epoch and saved[0]["position"]["i"] == i
+
+    import torch
+
+    ck = torch.load(saved[0]["path"], weights_only=False)
+    assert ck["format"] == 1 and ck["rng_at"] == "loader-header"
+    assert ck["loaders"]["loader"]["batches"] == i  # (the failed batch is taken again)
+    header = "        for i, (x, y) in enumerate(loader):" if loop == "for" \
+        else "        while i < len(loader):"
+    if crash == "0,0":  # (no optimizer step yet: no loop known)
+        assert ck["loop"] is None
+    else:
+        assert ck["loop"]["function"] == f"train_{loop}"
+        assert ck["loop"]["line"] == TRAIN.splitlines().index(header) + 1, ck["loop"]
+
+    resumed = _run([*common, "--resume", saved[0]["path"], "--out", "resumed.pt"], tmp_path,
+                   daifu=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(reference))
+
+
+def _checkpoint(tmp_path: Path) -> str:
+    """A checkpoint of TRAIN crashed at (1, 2)."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    crashed = _run(["--crash", "1,2", "--out", "x.pt"], tmp_path, daifu=True)
+    assert crashed.returncode == 1, crashed.stderr
+    return next(e["path"] for e in read_events(tmp_path / "events.jsonl")
+                if e["event"] == "checkpoint.saved")
+
+
+@pytest.mark.slow
+def test_resume_refuses_what_does_not_match_and_changes_nothing(tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    import daifu
+
+    path = _checkpoint(tmp_path)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(16, 1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    wrong = torch.optim.Adam(model.parameters())
+    # an Adam where an SGD was saved: refused, and the model (checked first) untouched
+    with pytest.raises(daifu.ResumeError, match="Adam.load_state_dict.. refused"):
+        daifu.resume(path, model=model, optimizer=wrong)
+    # (the optimizer was restored last: the model had been loaded -- put back by hand)
+    model.load_state_dict(before)
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(daifu.ResumeError, match="Linear.load_state_dict.. refused"):
+        daifu.resume(path, model=other)
+    with pytest.raises(daifu.ResumeError, match="daifu restores modules"):
+        daifu.resume(path, model=model, steps=3)
+    ck = torch.load(path, weights_only=False)
+    ck["format"] = 99
+    torch.save(ck, tmp_path / "newer.pt")
+    with pytest.raises(daifu.ResumeError, match=r"checkpoint format 99\); this daifu .* reads "
+                                                r"formats up to 1"):
+        daifu.resume(str(tmp_path / "newer.pt"), model=model)
+    torch.save({"model": model.state_dict()}, tmp_path / "theirs.pt")
+    with pytest.raises(daifu.ResumeError, match="not a checkpoint daifu wrote"):
+        daifu.resume(str(tmp_path / "theirs.pt"), model=model)
+    with pytest.raises(daifu.ResumeError, match="no checkpoint at"):
+        daifu.resume(str(tmp_path / "none.pt"), model=model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_resume_by_the_names_the_checkpoint_holds(tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    import random
+
+    import daifu
+
+    path = _checkpoint(tmp_path)
+    ck = torch.load(path, weights_only=False)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    loader = torch.utils.data.DataLoader(list(range(40)), batch_size=8, shuffle=True)
+    position = daifu.resume(path)  # (model, opt, sched and loader: found here by name)
+    assert position == {"epoch": 1, "i": 2}
+    assert all(torch.equal(v, ck["modules"]["model"][k]) for k, v in model.state_dict().items())
+    assert opt.state_dict()["state"].keys() == ck["optimizers"]["opt"]["state"].keys()
+    assert sched.state_dict() == ck["schedulers"]["sched"]
+    assert random.getstate() == ck["rng"]["python"]
+    # the loader goes on with the third batch of the order it had
+    assert len(list(loader)) == 5 - 2
+    del model, opt, sched, loader
+    with pytest.raises(daifu.ResumeError, match=r"none of the objects .*\(model, opt, sched, "
+                                                r"loader\) is here by that name"):
+        daifu.resume(path)
+
+
+def test_the_kept_python_rng_is_the_state_random_reports():
+    """The raw copy of ``random``'s state (one memmove) says what
+    ``getstate()`` says, gauss cache included."""
+    import random
+
+    from daifu.engine._resume import _python_reader, _python_state
+
+    reader = _python_reader()
+    assert reader is not None  # (CPython 3.11 and 3.13 have this layout)
+    random.seed(7)
+    random.gauss(0, 1)  # (leaves a cached second value)
+    assert _python_state(reader.read(), random._inst.gauss_next) == random.getstate()
+    random.random()
+    assert _python_state(reader.read(), random._inst.gauss_next) == random.getstate()
