@@ -150,7 +150,9 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     ``iter()``, with the next batch of the same shuffled order.  Returns the
     loop position saved (``{"epoch": 1, "step": 3}``).  Raises
     ``daifu.ResumeError`` (nothing changed) when the file is not daifu's, was
-    written by a newer daifu, or does not hold what was passed."""
+    written by a newer daifu, or does not hold what was passed; and when an
+    object's ``load_state_dict`` refuses its state (the objects before it
+    were loaded; the RNG and the loaders not touched)."""
     from .engine._resume import resume as _resume
 
     return _resume(path, map_location=map_location, **objects)

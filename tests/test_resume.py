@@ -174,7 +174,7 @@ def _checkpoint(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_resume_refuses_what_does_not_match_and_changes_nothing(tmp_path):
+def test_resume_refuses_what_does_not_match_with_a_clear_error(tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch not available")
     import daifu
 

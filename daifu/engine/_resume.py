@@ -372,7 +372,10 @@ def keep_loaders(module: Any = None) -> None:
         armed = self.__dict__.pop("_daifu_resume", None)
         if armed is not None:
             return _resumed_iterator(self, get_iterator, armed)
-        made = _states(self)
+        try:
+            made = _states(self)
+        except Exception:  # (never the program's loop: this loader is not kept)
+            return get_iterator(self)
         it = get_iterator(self)
         KEEPER.on_made(it, self, made)
         return it
