@@ -249,3 +249,107 @@ def test_the_kept_python_rng_is_the_state_random_reports():
     assert _python_state(reader.read(), random._inst.gauss_next) == random.getstate()
     random.random()
     assert _python_state(reader.read(), random._inst.gauss_next) == random.getstate()
+
+
+PREEMPTED = textwrap.dedent('''
+    import argparse, time
+    import torch
+    import torch.nn as nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--resume")
+    p.add_argument("--pause", type=float, default=0.02)
+    p.add_argument("--loop", default="accumulate")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.8)
+    ACCUMULATE, MAX_STEPS = 3, 40
+    start = 0
+    if args.resume:
+        import daifu
+        position = daifu.resume(args.resume, model=model, optimizer=opt, scheduler=sched)
+        start = position["it"]
+
+
+    def accumulate(it):
+        # nanoGPT's shape: ``while True`` around the micro-steps of one update
+        while True:
+            for micro in range(ACCUMULATE):
+                x = torch.randn(8, 4)
+                loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean() / ACCUMULATE
+                loss.backward()
+                time.sleep(args.pause)
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            print("step", it, flush=True)
+            it += 1
+            if it >= MAX_STEPS:
+                break
+
+
+    def plain_while(it):
+        while it < MAX_STEPS:
+            x = torch.randn(8, 4)
+            loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            print("step", it, flush=True)
+            time.sleep(args.pause)
+            it += 1
+
+
+    (accumulate if args.loop == "accumulate" else plain_while)(start)
+    torch.save(model.state_dict(), args.out)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["accumulate", "plain_while"])
+def test_sigterm_saves_at_the_training_loops_header_of_any_kind(tmp_path, loop):
+    """SIGTERM is saved where the loop around ``optimizer.step()`` starts
+    its next iteration -- a ``while`` loop with no ``for`` on the stack, and
+    never between the micro-steps of a gradient accumulation -- and the run
+    resumed from it with ``daifu.resume`` equals one never stopped."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import signal
+
+    (tmp_path / "train.py").write_text(PREEMPTED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
+    env.update(DAIFU_CONSOLE="0", DAIFU_CHECKPOINT_DIR=str(tmp_path / "ck"))
+    proc = subprocess.Popen([sys.executable, "-m", "daifu", "--log-file", "events.jsonl",
+                             "train.py", "--loop", loop, "--out", "x.pt"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    for _ in range(4):
+        assert proc.stdout.readline().startswith("step"), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
+    assert len(saved) == 1 and saved[0]["position"]["state"] == "iteration-complete", saved
+    import torch
+
+    ck = torch.load(saved[0]["path"], weights_only=False)
+    header = "    while True:" if loop == "accumulate" else "    while it < MAX_STEPS:"
+    line = PREEMPTED.splitlines().index(header) + 1
+    assert ck["loop"]["line"] == line, ck["loop"]
+    assert ck["where"].endswith(f"train.py:{line}"), ck["where"]  # (not a micro-step's)
+    resumed = _run_plain(tmp_path, ["--loop", loop, "--resume", saved[0]["path"], "--pause", "0",
+                                    "--out", "resumed.pt"])
+    reference = _run_plain(tmp_path, ["--loop", loop, "--pause", "0", "--out", "ref.pt"])
+    assert resumed.returncode == 0 and reference.returncode == 0, resumed.stderr + reference.stderr
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "ref.pt"))
+
+
+def _run_plain(cwd: Path, args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
+    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env=env)

@@ -145,6 +145,28 @@ def _loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int
     return found
 
 
+def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int]] | None:
+    """The frame running the training-step loop (the loop around the
+    program's ``optimizer.step()`` call: ``engine/_resume.py``), of any kind,
+    vaccinated or not, and the lines that start its next iteration: a
+    gradient-accumulation loop inside it is not it."""
+    from ..cells import original_code
+    from ._resume import KEEPER
+
+    try:
+        target = KEEPER.loop_target()
+    except Exception:
+        return None
+    if target is None:
+        return None
+    code, lines = target
+    while frame is not None:
+        if original_code(frame.f_code) is code:
+            return frame, lines
+        frame = frame.f_back
+    return None
+
+
 def _save(frame: types.FrameType | None, state: str) -> None:
     from ..cells import read_locals
     from ._checkpoint import CheckpointError, save
@@ -174,7 +196,9 @@ def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
     if _handling:
         return  # (a second SIGTERM while waiting: the grace timer ends it)
     _handling = True
-    target = _loop_frame(frame) if "torch" in sys.modules and os.getpid() == _pid else None
+    target = None
+    if "torch" in sys.modules and os.getpid() == _pid:
+        target = _training_loop_frame(frame) or _loop_frame(frame)
     if target is None:
         _die()
         return

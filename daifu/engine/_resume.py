@@ -243,9 +243,19 @@ class Keeper:
         found = _training_loop(self._site)
         if found is None:
             return {"file": None, "function": None, "line": None, "steps": self.steps}
-        code, line = found
+        code, line, _ = found
         return {"file": code.co_filename, "function": code.co_qualname, "line": line,
                 "steps": self.steps}
+
+    def loop_target(self) -> tuple[Any, set[int]] | None:
+        """The training-step loop's original code and its header line (a
+        line event there each iteration, ``while True:`` included), once a
+        step was taken."""
+        found = _training_loop(self._site) if self._site else None
+        if found is None:
+            return None
+        code, header, _ = found
+        return code, {header}
 
 
 KEEPER = Keeper()
@@ -278,9 +288,10 @@ _LIBRARIES = ("/torch/", "/lightning/", "/pytorch_lightning/", "/transformers/",
               "/accelerate/", "/daifu/")
 
 
-def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int] | None:
+def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int, int] | None:
     """The innermost loop (of the original code) around the call of
-    ``optimizer.step()``, from the caller outwards: (code, header line)."""
+    ``optimizer.step()``, from the caller outwards: (code, header line, its
+    body's first line)."""
     import dis
 
     from ..cells import original_code
@@ -310,29 +321,32 @@ def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int] | None:
                         and (best is None or first > best):
                     best = first
         if best is not None:
-            return orig, _header_line(orig, line, best)
+            return orig, *_header_lines(orig, line, best)
     return None
 
 
-def _header_line(code: Any, line: int, first: int) -> int:
+def _header_lines(code: Any, line: int, first: int) -> tuple[int, int]:
     """The ``for``/``while`` line of the innermost loop around ``line`` in
-    ``code``'s source (the bytecode knows the loop's first line only: a
-    ``while`` jumps back to its body), else ``first``."""
+    ``code``'s source, and its body's first line (the bytecode knows the
+    loop's first line only: a ``while`` jumps back to its body); else
+    ``first`` for both."""
     import ast
     import linecache
 
     try:
         tree = ast.parse("".join(linecache.getlines(code.co_filename)))
     except (SyntaxError, ValueError):
-        return first
-    best = None
+        return first, first
+    best: Any = None
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) \
                 and node.lineno <= first and line <= (node.end_lineno or 0) \
                 and node.lineno >= code.co_firstlineno \
-                and (best is None or node.lineno > best):
-            best = node.lineno
-    return best if best is not None else first
+                and (best is None or node.lineno > best.lineno):
+            best = node
+    if best is None:
+        return first, first
+    return best.lineno, best.body[0].lineno
 
 
 # -- the hooks ---------------------------------------------------------------------------
