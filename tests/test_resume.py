@@ -353,3 +353,79 @@ def _run_plain(cwd: Path, args) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAIFU_")}
     return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env=env)
+
+
+ENV = textwrap.dedent('''
+    import argparse, random
+    import numpy as np
+    import torch
+    import torch.nn as nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--resume")
+    p.add_argument("--crash", type=int, default=-1)
+    args = p.parse_args()
+    torch.manual_seed(0)
+
+
+    class Env:  # gymnasium's shape: a generator of its own
+        def __init__(self, seed):
+            self._np_random = np.random.default_rng(seed)
+            self.noise = random.Random(seed)
+            self.gen = torch.Generator().manual_seed(seed)
+            self.legacy = np.random.RandomState(seed)
+
+        def step(self):
+            obs = self._np_random.normal(size=4) + self.noise.random() + self.legacy.rand()
+            return torch.tensor(obs, dtype=torch.float32) + torch.rand(4, generator=self.gen)
+
+
+    env = Env(3)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    if args.resume:
+        import daifu
+        start = daifu.resume(args.resume, model=model, optimizer=opt, env=env)["step"]
+
+
+    def train():
+        for step in range(start, 30):
+            obs = env.step()
+            if step == args.crash:
+                raise RuntimeError("the env broke")
+            loss = model(obs).pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+    train()
+    torch.save(model.state_dict(), args.out)
+''')
+
+
+@pytest.mark.slow
+def test_generators_the_program_holds_itself_resume_where_they_were(tmp_path):
+    """An RL-style env with its own numpy ``Generator`` (gymnasium's
+    ``np_random``), a ``random.Random``, a legacy ``RandomState`` and a
+    ``torch.Generator``: kept at each step, restored by ``daifu.resume(...,
+    env=env)``, the resumed run equals the one never stopped."""
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    (tmp_path / "train.py").write_text(ENV)
+    crashed = _run(["--crash", "17", "--out", "x.pt"], tmp_path, daifu=True)
+    assert crashed.returncode == 1 and "the env broke" in crashed.stderr
+    path = next(e["path"] for e in read_events(tmp_path / "events.jsonl")
+                if e["event"] == "checkpoint.saved")
+    ck = torch.load(path, weights_only=False)
+    assert set(ck["generators"]) == {"env._np_random", "env.noise", "env.gen", "env.legacy"}
+    assert ck["position"] == {"step": 17}
+    assert _run_plain(tmp_path, ["--resume", path, "--out", "resumed.pt"]).returncode == 0
+    assert _run_plain(tmp_path, ["--out", "ref.pt"]).returncode == 0
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "ref.pt"))
+    # the env not passed: its generators go on from where they are -- another run
+    (tmp_path / "train.py").write_text(ENV.replace(", env=env)", ")"))
+    assert _run_plain(tmp_path, ["--resume", path, "--out", "other.pt"]).returncode == 0
+    assert not all(torch.equal(a, b) for a, b in zip(load_params(tmp_path / "other.pt").values(),
+                                                    load_params(tmp_path / "ref.pt").values()))

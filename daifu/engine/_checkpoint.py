@@ -289,6 +289,8 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     state["loaders"] = {name: KEEPER.loader_state(loader) or {"batches": None}
                         for name, loader in found["loaders"].items()}
     state["loop"] = KEEPER.loop()
+    # the program's own generators (``env._np_random``, ``dataset.rng``)
+    state["generators"] = KEEPER.generators() if kept is not None else {}
     state["format"] = FORMAT
     state["position"] = found["position"]
     state["where"] = where

@@ -42,6 +42,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import types
 import weakref
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -139,6 +140,10 @@ class Keeper:
         self._np: Any = False
         self._np_raw: bytes | None = None
         self._np_state: Any = None
+        #: the program's own generators (``_Own``), by where it holds them
+        self._own: dict[str, _Own] = {}
+        #: their states at the resume point
+        self._own_states: dict[str, Any] = {}
 
     # -- keeping ---------------------------------------------------------------
 
@@ -178,6 +183,15 @@ class Keeper:
                          for ref, loader, made in self._iters.values()
                          if (it := ref()) is not None]
 
+    def _keep_own(self) -> None:
+        states = {}
+        for name, own in list(self._own.items()):
+            try:
+                states[name] = own.state()
+            except Exception:  # (gone, or it cannot say: not kept)
+                del self._own[name]
+        self._own_states = states
+
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """torch's global optimizer step post hook."""
         try:
@@ -187,8 +201,33 @@ class Keeper:
             self.at = "optimizer-step"
             self._keep_loaders()
             self._site = _caller()
+            if self.steps in (1, 2) or self.steps % _FIND_EVERY == 0:
+                self._find_own()
+            if self._own:
+                self._keep_own()
         except Exception:  # (never the program's step)
             pass
+
+    def _find_own(self) -> None:
+        """The generators the program holds itself (``_own_generators``),
+        looked for at the first steps and every ``_FIND_EVERY`` after."""
+        from ..cells import read_locals
+
+        scopes: list[dict[str, Any]] = []
+        frame: Any = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            known = _library.get(id(code))
+            if known is None or not known[1]:
+                try:
+                    scopes.append(read_locals(frame))
+                except Exception:
+                    pass
+            frame = frame.f_back
+        main = sys.modules.get("__main__")
+        if main is not None:
+            scopes.append(dict(vars(main)))
+        self._own = _own_generators(reversed(scopes), self._own)
 
     def on_header(self, it: Any) -> None:
         """The first ``__next__`` of a loader iterator after a step."""
@@ -198,6 +237,13 @@ class Keeper:
             self._keep_loaders()
         except Exception:
             pass
+
+    def generators(self) -> dict[str, Any]:
+        """The program's own generators' states at the resume point, by name
+        (as their own ``getstate``/``get_state``/``state`` say them)."""
+        return {name: _python_state(state[1], state[2])
+                if isinstance(state, tuple) and state and state[0] == "raw" else state
+                for name, state in self._own_states.items()}
 
     def on_made(self, it: Any, loader: Any, made: dict[str, Any]) -> None:
         try:
@@ -256,6 +302,114 @@ class Keeper:
             return None
         code, header, _ = found
         return code, {header}
+
+
+#: steps between two looks for the program's own generators
+_FIND_EVERY = 512
+
+
+class _Own:
+    """One generator the program holds (a ``random.Random``, a numpy
+    ``Generator`` or ``RandomState``, a ``torch.Generator``): its state,
+    cheaply, as ``restore`` sets it back."""
+
+    def __init__(self, gen: Any, kind: str) -> None:
+        self.gen, self.kind = gen, kind
+        self._raw: Any = None
+        self._raw_bytes: bytes | None = None
+        self._full: Any = None
+        if kind == "random":
+            raw = _RawMT(gen, id(gen) + object.__basicsize__, 4 + 4 * _N)
+            if _python_state(raw.read(), gen.gauss_next) == gen.getstate():
+                self._raw = raw
+        elif kind == "randomstate":
+            try:
+                self._raw = _RawMT(gen, gen._bit_generator.ctypes.state_address, 4 * _N + 4)
+            except Exception:
+                self._raw = None
+
+    def state(self) -> Any:
+        gen, kind = self.gen, self.kind
+        if kind == "random":
+            return ("raw", self._raw.read(), gen.gauss_next) if self._raw else gen.getstate()
+        if kind == "generator":
+            return gen.bit_generator.state
+        if kind == "torch":
+            return gen.get_state()
+        raw = self._raw.read() if self._raw else None  # randomstate: ~50 us when it moved
+        if raw is None or raw != self._raw_bytes:
+            self._full, self._raw_bytes = gen.get_state(), raw
+        return self._full
+
+
+def _own_kind(value: Any) -> str | None:
+    if isinstance(value, random.Random):
+        return None if value is getattr(random, "_inst", None) else "random"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        nprandom = numpy.random
+        if isinstance(value, nprandom.Generator):
+            return "generator"
+        if isinstance(value, nprandom.RandomState):
+            return None if value is nprandom.mtrand._rand else "randomstate"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Generator):
+        return None if value is torch.default_generator else "torch"
+    return None
+
+
+def _own_generators(scopes: Any, known: dict[str, _Own]) -> dict[str, _Own]:
+    """``name -> _Own`` for the generators in ``scopes`` (outermost first)
+    and one attribute below their objects (``env._np_random``,
+    ``dataset.rng``); a generator once, under the first name it is found by.
+    A loader's and its sampler's generators are the loader's (not here)."""
+    found: dict[str, _Own] = {}
+    seen: set[int] = set()
+    by_id = {id(own.gen): own for own in known.values()}
+
+    def take(name: str, value: Any) -> None:
+        kind = _own_kind(value)
+        if kind is None or id(value) in seen:
+            return
+        seen.add(id(value))
+        own = by_id.get(id(value))
+        found[name] = own if own is not None and own.gen is value else _Own(value, kind)
+
+    torch = sys.modules.get("torch")
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    skip = tuple(t for t in (getattr(data, "DataLoader", None), getattr(data, "Sampler", None))
+                 if isinstance(t, type))
+    for names in scopes:
+        for name, value in list(names.items())[:500]:
+            if name.startswith("__") or isinstance(value, (type, types.ModuleType)):
+                continue
+            take(name, value)
+            if skip and isinstance(value, skip):
+                continue
+            try:
+                attrs = vars(value)
+            except TypeError:
+                continue
+            if not isinstance(attrs, dict):
+                continue
+            for attr, inner in list(attrs.items())[:200]:
+                if not attr.startswith("__"):
+                    take(f"{name}.{attr}", inner)
+    return found
+
+
+def _set_own(gen: Any, state: Any) -> None:
+    kind = _own_kind(gen)
+    if kind == "random":
+        gen.setstate(state)
+    elif kind == "generator":
+        gen.bit_generator.state = state
+    elif kind == "torch":
+        gen.set_state(state)
+    elif kind == "randomstate":
+        gen.set_state(state)
+    else:
+        raise TypeError(f"not a generator daifu keeps: {type(gen).__name__}")
 
 
 KEEPER = Keeper()
@@ -500,8 +654,22 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     torch = sys.modules.get("torch")
     loader_cls = torch.utils.data.DataLoader if torch is not None else None
     plan: list[tuple[str, Any, Any]] = []
+    generators = ck.get("generators") or {}
     for name, obj in objects.items():
         if obj is None:
+            continue
+        # the generators the checkpoint holds under this name or below it
+        # (``env`` -> ``env._np_random``), set on the objects found there
+        for saved, state in generators.items():
+            if saved == name or saved.startswith(name + "."):
+                gen = obj
+                for attr in saved[len(name) + 1:].split(".") if saved != name else ():
+                    gen = getattr(gen, attr, None)
+                if _own_kind(gen) is None:
+                    raise ResumeError(f"{saved}: the checkpoint holds a generator there, "
+                                      f"this program holds {type(gen).__name__}")
+                plan.append(("generator", gen, state))
+        if _own_kind(obj) is not None or any(k.startswith(name + ".") for k in generators):
             continue
         if loader_cls is not None and isinstance(obj, loader_cls):
             entry = _pick(ck.get("loaders") or {}, name, "loaders", path)
@@ -510,7 +678,8 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
         kind = _kind(obj, torch)
         if kind is None:
             raise ResumeError(f"{name}={type(obj).__name__}: daifu restores modules, "
-                              "optimizers, LR schedulers, GradScalers and DataLoaders")
+                              "optimizers, LR schedulers, GradScalers, DataLoaders and "
+                              "the generators the checkpoint holds (none under this name)")
         state = _pick(ck.get(kind) or {}, name, kind, path)
         if state is None:
             raise ResumeError(f"{name}: its state_dict() failed when {path} was saved: "
@@ -518,7 +687,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
         plan.append((kind, obj, state))
     # (every object checked before any is changed: a mismatch changes nothing)
     for kind, obj, state in plan:
-        if kind == "loader":
+        if kind in ("loader", "generator"):
             continue
         try:
             obj.load_state_dict(state)
@@ -532,6 +701,8 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     for kind, obj, entry in plan:
         if kind == "loader" and entry.get("batches") is not None:
             obj.__dict__["_daifu_resume"] = entry
+        elif kind == "generator":
+            _set_own(obj, entry)
     KEEPER.steps = int((ck.get("loop") or {}).get("steps") or 0)
     position = dict(ck.get("position") or {})
     return position
@@ -561,7 +732,7 @@ def _by_saved_names(ck: dict[str, Any], frame: Any) -> dict[str, Any]:
     scope = {**frame.f_globals, **frame.f_locals}
     found: dict[str, Any] = {}
     missing = []
-    for kind in (*_KINDS, "loaders"):
+    for kind in (*_KINDS, "loaders", "generators"):
         for name in ck.get(kind) or {}:
             head, *rest = name.split("#")[0].split(".")
             obj = scope.get(head)
