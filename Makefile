@@ -47,16 +47,17 @@ test:
 REQUIRE311 = DAIFU_REQUIRE_TORCH=1 DAIFU_REQUIRE_FRAMEWORKS=1 DAIFU_REQUIRE_SPEEDUPS=1
 
 ## test-3.11: the whole suite on 3.11 alone (`make test` splits it in two: the
-## distributed tests run after the 3.13 suite, beside the rest of 3.11's)
+## distributed and resume tests run after the 3.13 suite, beside the rest of 3.11's)
 test-3.11: test-3.11-most test-3.11-distributed
 
 test-3.11-most: setup $(VENV)/.frameworks
 	$(REQUIRE311) $(PY) -m pytest --durations=40 --ignore tests/test_distributed.py \
+	    --ignore tests/test_resume.py \
 	    --deselect tests/test_soak.py::test_networkx_suite_passes_vaccinated
 	$(PY) -m pytest perf --benchmark-disable -q -p no:cacheprovider
 
 test-3.11-distributed: setup $(VENV)/.frameworks
-	$(REQUIRE311) $(PY) -m pytest --durations=10 tests/test_distributed.py
+	$(REQUIRE311) $(PY) -m pytest --durations=10 tests/test_distributed.py tests/test_resume.py
 
 test-3.13-then-distributed:
 	$(MAKE) test-3.13

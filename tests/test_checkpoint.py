@@ -433,10 +433,12 @@ def test_a_trainer_on_the_stack_saves_its_own_checkpoint_to_resume_from(tmp_path
     assert len(saved) == 1 and framework in saved[0]["frameworks"], saved
     own = saved[0]["frameworks"][framework]
     assert os.path.exists(own) and os.path.exists(saved[0]["path"])
+    import torch
+
+    # (daifu's file names it too: ``ck["frameworks"]["lightning"]``)
+    assert torch.load(saved[0]["path"], weights_only=False)["frameworks"] == {framework: own}
     step = 5 if framework == "lightning" else 3
     if framework == "lightning":
-        import torch
-
         assert torch.load(own, weights_only=False)["global_step"] == step
         assert stat.S_IMODE(os.stat(own).st_mode) == 0o600
     else:

@@ -314,6 +314,10 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
         path = os.path.join(directory, _file_name())
     path = os.path.abspath(path)
     _remove_dead_temporaries(os.path.dirname(path))
+    # a Lightning or HF Trainer's own checkpoint first: the file names it
+    # (``trainer.fit(ckpt_path=ck["frameworks"]["lightning"])``)
+    frameworks = _framework_checkpoints(found["trainers"], path, say)
+    state["frameworks"] = frameworks
     # (a unique name: containers that share the directory have pids alike)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.urandom(6).hex()}"
                                               f"{_TMP}")
@@ -348,7 +352,6 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
                               "(nothing was written)") from None
     names = {kind: sorted(named) for kind, named in objects.items() if named}
     seconds = time.perf_counter() - started
-    frameworks = _framework_checkpoints(found["trainers"], path, say)
     return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
             "objects": names, "position": found["position"], "frameworks": frameworks}
 
