@@ -53,3 +53,10 @@ def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
     assert any(c.meta.get("concurrent") for c in ranked)
     assert any((c.programs / "fix.py").exists() and not c.meta.get("refused")
                for c in ranked)
+    # resumed from daifu's checkpoint (not fixed in situ): after a crash and
+    # after SIGTERM, with a shuffled loader's workers and the program's own RNGs
+    resumed = [c for c in CASES if c.meta.get("mode") == "resume"]
+    assert any(c.meta.get("sigterm_after") for c in resumed)
+    assert any(not c.meta.get("sigterm_after") and c.meta.get("loader_workers") for c in resumed)
+    assert {c.meta["family"] for c in resumed} >= {"vision CNN", "language model",
+                                                   "reinforcement learning"}

@@ -15,6 +15,12 @@ programs with its own ``"args"`` (cnn_loader_corrupt_w2 = w0 with workers).
 Code several programs share lives in ``_common.py``; a crash site never does
 (only the script itself is vaccinated).
 
+A case with ``"mode": "resume"`` is not fixed in situ: nobody fixes the
+crash (or, with ``"sigterm_after": TAG``, SIGTERM preempts the job after
+that iteration), daifu saves its emergency checkpoint, and the corrected
+program, started again with ``--resume PATH``, goes on with
+``daifu.resume``; its restore time runs from that launch.
+
 For every case the runner checks that the crash was intercepted at the
 expected statement with the expected exception, that the fix was applied and
 the run finished, and compares the final parameters with the reference run
@@ -371,6 +377,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         res.problems.append(f"reference run failed: {ref.stderr[-1500:]}")
         return res
     ref_iters = [(tag, t - started) for tag, t in _iterations(ref_log)]
+    if meta.get("mode") == "resume":
+        return _resume_case(res, meta, work, rdir, cdir, args, ref_iters, timeout)
 
     # 2. the buggy program under daifu, with its fix
     live_log, events_path = work / "live.iter", work / "events.jsonl"
@@ -500,6 +508,86 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
             break
     else:
         res.problems.append("no iteration finished after the crash in both runs")
+    return res
+
+
+def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, args: list,
+                 ref_iters: list, timeout: float) -> Result:
+    """A case that is not fixed in situ: nobody fixes the crash (or SIGTERM
+    preempts the job), daifu saves the emergency checkpoint, and the
+    corrected program, started again with ``--resume PATH``, goes on from it
+    with ``daifu.resume`` -- bit-identical to the reference.  Restore time:
+    from the resumed process's launch to the end of the crashed iteration,
+    against the reference's from its launch (a restart from scratch)."""
+    events_path = work / "events.jsonl"
+    env = {**_env(work / "live.iter"), "DAIFU_CONSOLE": "0", "DAIFU_WAIT": "0",
+           "DAIFU_CHECKPOINT_DIR": str(work / "ck")}
+    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), "buggy.py", "--out",
+           "crashed.pt", *args]
+    proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, env=env)
+    try:
+        if meta.get("sigterm_after"):  # preempted once this iteration is done
+            import signal
+
+            deadline = time.monotonic() + timeout
+            while not any(tag == meta["sigterm_after"]
+                          for tag, _ in _iterations(work / "live.iter")):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = read_events(events_path)
+    crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    saved = [e for e in events if e["event"] == "checkpoint.saved"]
+    if meta.get("sigterm_after"):
+        if proc.returncode != -15:
+            res.problems.append(f"SIGTERM did not end the job as python's (exit {proc.returncode})"
+                                f": {err[-3000:]}")
+    else:
+        if proc.returncode != 1 or f"{meta['exception']}:" not in err:
+            res.problems.append(f"the crash did not end the job as without daifu (exit "
+                                f"{proc.returncode}): {err[-3000:]}")
+        if not crashes:
+            res.problems.append("no crash was intercepted")
+        elif crashes[0]["exc_type"] != meta["exception"] or \
+                meta["statement"] not in crashes[0].get("statement", ""):
+            res.problems.append(f"intercepted {crashes[0]['exc_type']} at "
+                                f"{crashes[0].get('statement')!r}, expected {meta['exception']} "
+                                f"at {meta['statement']!r}")
+        res.statement = crashes[0].get("statement", "") if crashes else ""
+    if len(saved) != 1:
+        res.problems.append(f"{len(saved)} checkpoints saved, expected 1: {err[-3000:]}")
+        return res
+    # the corrected program, started again from the checkpoint
+    resumed_log = work / "resumed.iter"
+    launched = time.time()
+    resumed = subprocess.run([sys.executable, meta.get("reference", "corrected.py"), "--resume",
+                              saved[0]["path"], "--out", "live.pt", *args], cwd=cdir,
+                             capture_output=True, text=True, timeout=timeout,
+                             env=_env(resumed_log))
+    if resumed.returncode != 0:
+        res.problems.append(f"the resumed run failed: {resumed.stderr[-3000:]}")
+        return res
+    res.recovered = True
+    res.exact = same_params(load_params(cdir / "live.pt"), load_params(rdir / "reference.pt"))
+    if not res.exact:
+        res.problems.append("final parameters differ from the reference run")
+    # restore: the resumed process's first iteration done (the crashed one,
+    # run again) against the reference's time to the same iteration
+    ref_tags = dict(ref_iters)
+    first = _iterations(resumed_log)[:1]
+    if first and first[0][0] in ref_tags:
+        tag, t = first[0]
+        res.restore_ms = round((t - launched) * 1000.0, 1)
+        res.restart_s = round(ref_tags[tag], 2)
+        res.ratio = round(res.restart_s * 1000.0 / max(res.restore_ms, 0.1), 1)
+    else:
+        res.problems.append(f"the resumed run's first iteration {first} is not the reference's")
     return res
 
 
