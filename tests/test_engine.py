@@ -430,6 +430,151 @@ def test_a_remembered_route_is_taken_only_by_an_exception_that_goes_the_same_way
     assert fixed == ["not_caught", "caught", "two_sites"]
 
 
+TUPLE_AND_WITH = '''
+Missing, Other = KeyError, IndexError
+exits = []
+
+class Watch:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        exits.append(exc[0])
+        return False
+
+def lookup(d, k):
+    return d[k]
+
+def watched(d, k):
+    with Watch():
+        return d[k]
+
+def either(d, k):
+    try:
+        return lookup(d, k)
+    except (Other, Missing):
+        return "caught"
+
+def through_with(d, k):
+    try:
+        return watched(d, k)
+    except Missing:
+        return "caught"
+'''
+
+
+def test_a_route_to_an_except_tuple_or_through_a_with_is_remembered_and_checked(
+        barrier_calls):
+    # ``except (Other, Missing):`` -- each name checked again on the route; a
+    # ``with`` around the raise -- its ``__exit__`` still sees every exception
+    _mode, judged, _called = barrier_calls
+    ns = vaccinate(TUPLE_AND_WITH)
+    fixed = []
+
+    @daifu.on(KeyError)
+    def fix(crash):
+        fixed.append(crash.function)
+        crash.vars["d"] = {crash.vars["k"]: "fixed"}
+        return daifu.RETRY
+
+    assert [ns["either"]({}, 1) for _ in range(4)] == ["caught"] * 4
+    assert judged == ["lookup"]  # (the first searched; the next three took its route)
+    ns["Other"] = KeyError  # (another name of the tuple rebound: checked too)
+    assert ns["either"]({}, 1) == "caught" and judged == ["lookup"] * 2
+    ns["Other"], ns["Missing"] = IndexError, ValueError  # (no clause catches it now)
+    assert ns["either"]({}, 1) == "fixed" and fixed == ["lookup"]
+    ns["Missing"] = KeyError
+    # the retry that fixed it is over: the engine is quiet again, and the
+    # handled exceptions take their routes (judged once more, to learn it)
+    judged.clear()
+    assert [ns["either"]({}, 1) for _ in range(3)] == ["caught"] * 3
+    assert judged == ["lookup"], judged
+    judged.clear()
+    assert [ns["through_with"]({}, 1) for _ in range(4)] == ["caught"] * 4
+    assert judged == ["watched"], judged
+    assert ns["exits"] == [KeyError] * 4  # (the with's __exit__ ran each time)
+    ns["Missing"] = ValueError
+    assert ns["through_with"]({}, 1) == "fixed" and fixed == ["lookup", "watched"]
+
+
+MODULE_EAFP = '''
+d, hits = {}, 0
+for i in range(50):
+    try:
+        d[i]
+    except KeyError:
+        hits += 1
+
+class Shadowed:
+    KeyError = IndexError  # (the class body's own name: the handler reads it first)
+    try:
+        {}["x"]
+    except KeyError:
+        caught = True
+    else:
+        caught = False
+'''
+
+
+def test_a_module_level_handler_is_tested_by_its_own_stub_as_python_reads_it(barrier_calls):
+    # ``except KeyError:`` in module and class bodies reads its name with
+    # LOAD_NAME: the stub tests it the same way and calls nothing -- and a
+    # class body's own binding of the name is the one that counts
+    _mode, judged, _called = barrier_calls
+    seen = []
+
+    @daifu.on(KeyError)
+    def record(crash):
+        seen.append(crash.function)
+        return None
+
+    with crashes(KeyError):
+        vaccinate(MODULE_EAFP, module_level=True)
+    # the loop's 50 KeyErrors: none judged; the class body's KeyError, which
+    # its ``except KeyError:`` (IndexError there) lets go, is the crash of
+    # the module's ``class`` statement
+    # (3.13 with the C barrier: the crash's judge is asked twice)
+    assert set(judged) == {"<module>"} and len(judged) < 3 and seen == ["<module>"], \
+        (judged, seen)
+    ns = vaccinate(MODULE_EAFP.split("class Shadowed")[0], module_level=True)
+    assert ns["hits"] == 50
+
+
+FIXED_ONCE = '''
+def fetch(d, k):
+    return d[k]
+
+def deep(n, d, k):
+    return fetch(d, k) if n == 0 else deep(n - 1, d, k)
+
+def handled(d, k):
+    try:
+        return fetch(d, k)
+    except KeyError:
+        return "caught"
+'''
+
+
+def test_a_retry_that_succeeded_leaves_the_engine_quiet_again():
+    # nothing runs when a retried statement succeeds: the retry is known to
+    # be over at the next exception the program handles -- after that, the
+    # stubs pass handled exceptions on by themselves again (a job with one
+    # fixed crash would otherwise judge every later EAFP exception in full)
+    from daifu.engine import _guards
+
+    ns = vaccinate(FIXED_ONCE)
+
+    @daifu.on(KeyError)
+    def repair(crash):
+        crash.vars["d"] = {crash.vars["k"]: "fixed"}
+        return daifu.RETRY
+
+    assert ns["deep"](5, {}, 1) == "fixed"
+    assert ENGINE._pending and not ENGINE.quiet()  # (the retry's entry: its frame is gone)
+    assert ns["handled"]({}, 1) == "caught"
+    assert not ENGINE._pending and ENGINE.quiet() and _guards.passing[2] is True
+
+
 RERAISED = '''
 def flaky(i):
     return {}["missing"]

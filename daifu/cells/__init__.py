@@ -30,7 +30,9 @@ from ._cell import (
     jump_answer,
     original_code,
     own_catch,
+    own_test,
     resolve,
+    route_catch,
 )
 from ._context import FrameContext, read_locals
 from ._dispatch import backend
@@ -90,6 +92,8 @@ __all__ = [
     "options",
     "original_code",
     "own_catch",
+    "own_test",
+    "route_catch",
     "resolve",
     "read_locals",
     "record",

@@ -158,6 +158,48 @@ def own_catch(guards) -> str | None:
     return test.name
 
 
+def own_test(guards) -> tuple[str, str] | None:
+    """What a stub tests of its own group's handler: ``("global", name)``
+    (``own_catch``; read with ``LOAD_GLOBAL``), or, in module and class
+    bodies, ``("name", name)`` for an ``except Name:`` read with
+    ``LOAD_NAME`` -- the handler's own lookup; None otherwise."""
+    name = own_catch(guards)
+    if name is not None:
+        return ("global", name)
+    if not guards or not isinstance(guards[0], ExceptGuard) or not guards[0].clauses:
+        return None
+    clause = guards[0].clauses[0]
+    test = clause.test
+    if (test is None or clause.bare or clause.reraises or test.scope != "name"
+            or test.attrs or test.items is not None or test.is_const or not test.name
+            or test.name == "BaseException"):
+        return None
+    return ("name", test.name)
+
+
+def route_catch(guards) -> str | tuple[str, ...] | None:
+    """What a remembered route (``engine._guards.ROUTES``) checks of the
+    handler that catches: ``own_catch``'s name, or the names of an ``except
+    (A, B):`` whose items are all such names; None otherwise."""
+    name = own_catch(guards)
+    if name is not None:
+        return name
+    if not guards or not isinstance(guards[0], ExceptGuard) or not guards[0].clauses:
+        return None
+    clause = guards[0].clauses[0]
+    test = clause.test
+    if test is None or clause.bare or clause.reraises or test.items is None or test.attrs \
+            or test.is_const or not test.items:
+        return None
+    names = []
+    for item in test.items:
+        if (item.scope != "global" or item.attrs or item.items is not None or item.is_const
+                or not item.name or item.name == "BaseException"):
+            return None
+        names.append(item.name)
+    return tuple(names)
+
+
 @record(eq=False)
 class CodeInfo:
     """What daifu knows about one vaccinated code object."""

@@ -9,7 +9,7 @@ import threading
 import types
 from collections.abc import Callable
 
-from ..cells import RAISE_CODE, jump_answer, resolve
+from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
 from ..cells._cell import _INFOS
 from ._engine import ENGINE
 from ._guards import ROUTES, caught_above, passing, remember_route, take_passing
@@ -77,7 +77,12 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
                     break
             else:  # what its ``except name:`` holds now (``LOAD_GLOBAL``)
                 name, g = route[3], f.f_globals
-                if (g[name] if name in g else f.f_builtins.get(name)) is route[4]:
+                if type(name) is str:
+                    held = (g[name] if name in g else f.f_builtins.get(name)) is route[4]
+                else:  # ``except (A, B):``: each name
+                    held = all((g[n] if n in g else f.f_builtins.get(n)) is c
+                               for n, c in zip(name, route[4]))
+                if held:
                     passing[1] = route[5]  # (the handler's frame's stub)
                     passing[0] = exc
                     return RAISE_CODE
@@ -135,7 +140,9 @@ def _judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
             if taken is not None and quiet:  # (the stubs between let it pass)
                 passing[1] = taken[0]
                 passing[0] = exc
-                if taken[1] is not None and not cell.guards:
+                # (a ``with`` around the raise: its ``__exit__`` runs as the
+                # exception passes, and catches it or not -- handled either way)
+                if taken[1] is not None and all(type(g) is WithGuard for g in cell.guards):
                     remember_route(ref, exc, frame, taken[0], taken[1])
             return RAISE_CODE
         if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry

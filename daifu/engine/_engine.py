@@ -95,6 +95,8 @@ class _Pending:
 
     attempt: int
     started: float
+    #: the thread the retry runs in (``Engine._prune_pending``)
+    thread: int = 0
 
 
 #: retries remembered at once (a finished retry's entry is stale but small)
@@ -285,6 +287,36 @@ class Engine:
         of these, the barrier sets it from this)."""
         return not (self._pending or self._forward or armed())
 
+    def _prune_pending(self, frame: types.FrameType) -> None:
+        """Forget this thread's retries that are over: a retried statement
+        that succeeded leaves no trace (nothing runs on success), and while
+        one is remembered the engine is not quiet -- every handled exception
+        would be judged in full.  A retry is over when its frame is no longer
+        on this thread's stack (below ``frame``), or is there but out of the
+        cell's retry copy."""
+        me = threading.get_ident()
+        mine = [(key, p) for key, p in list(self._pending.items()) if p.thread == me]
+        if not mine:
+            return
+        live: dict[int, types.FrameType] = {}
+        f: types.FrameType | None = frame
+        while f is not None:
+            live[id(f)] = f
+            f = f.f_back
+        back, _ = backend()
+        over = []
+        for key, _pending in mine:
+            f = live.get(key[0])
+            cell = key[1]
+            found = (cell_range(cell.info, f.f_code, back.lasti_offset(f.f_lasti))
+                     if f is not None and back is not None else None)
+            if found is None or found[2] is not cell or not found[3]:
+                over.append(key)
+        if over:
+            with self._lock:
+                for key in over:
+                    self._pending.pop(key, None)
+
     def drop_pending(self, frame: types.FrameType) -> None:
         """A retry in ``frame`` will not run after all (a signal's exception is
         raised there instead): forget it, so the stubs pass handled exceptions
@@ -309,6 +341,7 @@ class Engine:
                 if self._pending:  # a retry that raised again and is not a crash: it is over
                     with self._lock:
                         self._pending.pop((id(frame), cell), None)
+                    self._prune_pending(frame)
                 forward = self._forward.get(id(exc))
                 if forward is not None and forward[1] is frame:
                     del self._forward[id(exc)]  # the caller handles it itself: nothing to do
@@ -595,7 +628,8 @@ class Engine:
             if pause:
                 return RETRY_CODE  # (no attempt to count: the statement had not started)
             with self._lock:
-                self._pending[key] = _Pending(crash.attempt, crash.started)
+                self._pending[key] = _Pending(crash.attempt, crash.started,
+                                              threading.get_ident())
                 passing[2] = False  # (the stubs ask their barriers until it is over)
                 while len(self._pending) > _MAX_PENDING:  # stale entries of finished retries
                     self._pending.pop(next(iter(self._pending)))

@@ -46,8 +46,8 @@ from ..cells import (
     backend,
     cells_of,
     original_code,
-    own_catch,
     read_locals,
+    route_catch,
 )
 from ..cells._cell import MISSING, IdentityMemo
 
@@ -593,13 +593,20 @@ def _route(frame: types.FrameType, catcher: types.FrameType, guards: tuple[Guard
            exc: BaseException) -> tuple | None:
     """What ``remember_route`` keeps of the way from ``frame`` to
     ``catcher``, whose innermost handler catches ``exc``: None unless that
-    handler is an ``except Name:`` whose class matches (``own_catch``)."""
-    name = own_catch(guards)
+    handler is an ``except Name:`` whose class matches, or an ``except (A,
+    B):`` of names one of which does (``route_catch``)."""
+    name = route_catch(guards)
     if name is None:
         return None
-    cls = _global(catcher, name)
-    if not (isinstance(cls, type) and cls in type(exc).__mro__):
-        return None
+    mro = type(exc).__mro__
+    if isinstance(name, tuple):
+        cls: Any = tuple(_global(catcher, n) for n in name)
+        if not (all(isinstance(c, type) for c in cls) and any(c in mro for c in cls)):
+            return None
+    else:
+        cls = _global(catcher, name)
+        if not (isinstance(cls, type) and cls in mro):
+            return None
     hops = []
     f: types.FrameType | None = frame
     while f is not catcher and f is not None:

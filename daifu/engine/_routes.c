@@ -26,12 +26,32 @@
  * judgement, the answer "re-raise" */
 static PyObject *routes, *passing, *judge, *raise_code;
 
+/* Does ``LOAD_GLOBAL name`` in ``f`` give ``cls`` (globals, then builtins)?
+ * 0 with an error set when a lookup failed. */
+static int
+held_by(PyFrameObject *f, PyObject *name, PyObject *cls)
+{
+    if (!PyUnicode_Check(name)) {
+        return 0;
+    }
+    PyObject *globals = PyFrame_GetGlobals(f);
+    PyObject *value = PyDict_GetItemWithError(globals, name);  /* borrowed */
+    Py_DECREF(globals);
+    if (value == NULL && !PyErr_Occurred()) {
+        PyObject *builtins = PyFrame_GetBuiltins(f);
+        value = PyDict_Check(builtins) ? PyDict_GetItemWithError(builtins, name) : NULL;
+        Py_DECREF(builtins);
+    }
+    return value != NULL && value == cls;
+}
+
 /* Does ``exc``, raised in the cell ``ref`` names, in ``frame``, take the
  * route remembered for that cell?  Then mark it as passing (``passing[0]``,
  * and the constant of the catching frame's stub in ``passing[1]``).  Route:
  * (exception class, raising code, ((code, offset) of each caller up to the
- * handler), the handler's name, the class it held, the catching stub's
- * constant).  0 and no error set for "no" and for anything unexpected. */
+ * handler), the handler's name, the class it held -- or, for ``except (A,
+ * B):``, a tuple of names and one of the classes they held -- the catching
+ * stub's constant).  0 and no error set for "no" and for anything unexpected. */
 static int
 route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
 {
@@ -70,15 +90,20 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
     }
     if (ok) {  /* what ``LOAD_GLOBAL name`` gives in the catching frame now */
         PyObject *name = PyTuple_GET_ITEM(route, 3);
-        PyObject *globals = PyFrame_GetGlobals(f);
-        PyObject *cls = PyDict_GetItemWithError(globals, name);
-        Py_DECREF(globals);
-        if (cls == NULL && !PyErr_Occurred()) {
-            PyObject *builtins = PyFrame_GetBuiltins(f);
-            cls = PyDict_Check(builtins) ? PyDict_GetItemWithError(builtins, name) : NULL;
-            Py_DECREF(builtins);
+        PyObject *held = PyTuple_GET_ITEM(route, 4);
+        if (PyUnicode_Check(name)) {
+            ok = held_by(f, name, held);
         }
-        ok = cls != NULL && cls == PyTuple_GET_ITEM(route, 4);
+        else if (PyTuple_Check(name) && PyTuple_Check(held)
+                 && PyTuple_GET_SIZE(name) == PyTuple_GET_SIZE(held)) {
+            /* ``except (A, B):``: each name */
+            for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(name); i++) {
+                ok = held_by(f, PyTuple_GET_ITEM(name, i), PyTuple_GET_ITEM(held, i));
+            }
+        }
+        else {
+            ok = 0;
+        }
     }
     Py_DECREF(f);
     if (PyErr_Occurred()) {

@@ -346,7 +346,7 @@ class _Template:
     units: int
     fallback_at: int
 
-    def __init__(self, shape: tuple[int, bool, str | None]) -> None:
+    def __init__(self, shape: tuple[int, bool, tuple[str, str] | None]) -> None:
         fallback = Label()
         patches: list = []
         b, generator, own = shape

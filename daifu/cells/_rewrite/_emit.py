@@ -20,7 +20,7 @@ from .._cell import (
     RETRY_CODE,
     SKIP_CODE,
     jump_answer,
-    own_catch,
+    own_test,
 )
 from ._ops import (
     _BACKWARD,
@@ -215,7 +215,7 @@ def _sys(name: str, loc=_NOWHERE) -> list[Instr]:
     return [*_slot(P_SYS, loc), _attr(name, loc)]
 
 
-def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]:
+def _passing(guard_key, above_key, entry, own: tuple[str, str] | None = None) -> list[_Item]:
     """``[]`` -> ``[passing]``, or re-raise at once: the exception a barrier below
     found the program to catch, on its way to the frame that catches it,
     passes this stub without calling anything.  The engine's list
@@ -231,7 +231,7 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
     list stays on the stack for the rest of the stub: the barrier call reads
     ``sys`` and the barrier from it too.
 
-    ``own`` (``own_catch``): the exception goes straight on to the
+    ``own`` (``own_test``: scope and name): the exception goes straight on to the
     function's own ``except own:`` when it is one, unless the engine has
     something to ask the barrier about (``passing[2]``, "quiet", false: a
     retry or a decision in flight, a pause requested) -- the barrier would
@@ -266,7 +266,9 @@ def _passing(guard_key, above_key, entry, own: str | None = None) -> list[_Item]
         own_no = Label()
         items += _items([_instr("COPY", 1, loc), _instr("LOAD_CONST", 2, loc),
                          _instr("BINARY_SUBSCR", loc=loc), _instr(POP_JUMP_IF_FALSE, slow, loc),
-                         _instr("COPY", 3, loc), _instr("LOAD_GLOBAL", (False, own), loc),
+                         _instr("COPY", 3, loc),
+                         _instr("LOAD_GLOBAL", (False, own[1]), loc) if own[0] == "global"
+                         else _instr("LOAD_NAME", own[1], loc),
                          _instr("CHECK_EXC_MATCH", loc=loc),
                          _instr(POP_JUMP_IF_FALSE, own_no, loc)], above_key)
         items += [_Item(_instr("POP_TOP", loc=loc), entry),  # (exc), then passing, ref
@@ -416,11 +418,11 @@ def _reraise(entry) -> list[_Item]:
             _Item(_instr("RERAISE", 1, _NOWHERE), entry)]
 
 
-def _group_items(b: int, generator: bool, own: str | None, fallback: Label, entry,
+def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback: Label, entry,
 ) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
     ``b``, whether the code is a generator's, the class its own handler
-    catches (``own_catch``) (labels of its own but
+    catches (``own_test``) (labels of its own but
     ``fallback``; ``entry``, the outer handler, for its re-raises).  From
     the stub's entry (stack: ``..., lasti, exc, ref``) through the barrier
     call and the answers every group has -- re-raise, raise another
@@ -505,7 +507,7 @@ def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for,
                 generator: bool, chunks: bool) -> None:
     fallback = Label()
     assert members[0].cell is not None  # set by ``rewrite`` before any emission
-    own = own_catch(members[0].cell.guards)  # (the group's cells share their handlers)
+    own = own_test(members[0].cell.guards)  # (the group's cells share their handlers)
     if chunks:
         items.append(_Item(chunk=_Chunk((b, generator, own), fallback, entry)))
     else:
