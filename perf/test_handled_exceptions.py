@@ -10,7 +10,8 @@ vs vaccinated, side by side.
 from __future__ import annotations
 
 from conftest import ASSERT, interleaved, record, size
-from support_eafp import build, build_own
+import pytest
+from support_eafp import ROWS, build, build_own, build_row
 
 
 def test_exception_caught_by_its_own_function():
@@ -87,3 +88,23 @@ def test_exception_caught_frames_up(benchmark):
     benchmark.group = "handled-exceptions"
     deep = build(20, vaccinate=True)
     benchmark(lambda: deep(n))
+
+
+#: the rows of issue 33's table that meet <= 3x plain (asserted by ``make
+#: bench``); the others are measured and reported, their target not met yet
+MET = {"tuple", "with", "module"}
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_handled_exception_kinds(row):
+    """Each kind of handled exception in issue 33's table, plain vs vaccinated."""
+    n = size(20000, 200)
+    plain, vaccinated = build_row(row, vaccinate=False), build_row(row, vaccinate=True)
+    assert plain(n) == vaccinated(n) == n
+    t_plain, t_vacc, _ = interleaved(lambda: plain(n), lambda: vaccinated(n), size(7, 1))
+    ratio = t_vacc / t_plain
+    record("Handled exceptions (EAFP through vaccinated frames)", ROWS[row][0],
+           t_vacc / n * 1e6, "us/raise", "<= 3x plain" if row in MET else "<= 3x plain (not met)",
+           f"{ratio:.1f}x plain's {t_plain / n * 1e6:.2f} us/raise")
+    if ASSERT and row in MET:
+        assert ratio <= 3.0, (row, ratio)

@@ -79,9 +79,13 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
                 name, g = route[3], f.f_globals
                 if type(name) is str:
                     held = (g[name] if name in g else f.f_builtins.get(name)) is route[4]
-                else:  # ``except (A, B):``: each name
-                    held = all((g[n] if n in g else f.f_builtins.get(n)) is c
-                               for n, c in zip(name, route[4]))
+                else:  # ``except (A, B):``: each name (a loop: a generator costs ~1 us)
+                    held, i = True, 0
+                    for n in name:
+                        if (g[n] if n in g else f.f_builtins.get(n)) is not route[4][i]:
+                            held = False
+                            break
+                        i += 1
                 if held:
                     passing[1] = route[5]  # (the handler's frame's stub)
                     passing[0] = exc
