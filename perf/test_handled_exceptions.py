@@ -9,8 +9,8 @@ vs vaccinated, side by side.
 
 from __future__ import annotations
 
-from conftest import ASSERT, interleaved, record, size
 import pytest
+from conftest import ASSERT, interleaved, record, size
 from support_eafp import ROWS, build, build_own, build_row
 
 
