@@ -373,7 +373,13 @@ def _own_generators(scopes: Any, known: dict[str, _Own]) -> dict[str, _Own]:
             return
         seen.add(id(value))
         own = by_id.get(id(value))
-        found[name] = own if own is not None and own.gen is value else _Own(value, kind)
+        if own is None or own.gen is not value:
+            try:
+                own = _Own(value, kind)
+                own.state()
+            except Exception:  # (a SystemRandom has no state to keep)
+                return
+        found[name] = own
 
     torch = sys.modules.get("torch")
     data = getattr(getattr(torch, "utils", None), "data", None)
@@ -620,6 +626,7 @@ def _resumed_iterator(loader: Any, get_iterator: Any, armed: dict[str, Any]) -> 
             for _ in range(skip):
                 next(it)  # (each worker loads what it loaded before: its RNG follows)
     finally:
+        KEEPER._stepped = True  # (the skipped batches' headers were not the program's)
         torch.default_generator.set_state(now["torch"])
         random.setstate(now["python"])
         if "numpy" in now:
@@ -696,7 +703,6 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
                               f"{kind[:-1]}: {type(exc).__name__}: {exc}".split("\n")[0]) \
                 from exc
     keep_loaders()  # (plain python too: the armed loader needs its hook)
-    keep_steps()
     restore_rng(ck)
     for kind, obj, entry in plan:
         if kind == "loader" and entry.get("batches") is not None:
@@ -704,6 +710,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
         elif kind == "generator":
             _set_own(obj, entry)
     KEEPER.steps = int((ck.get("loop") or {}).get("steps") or 0)
+    KEEPER._stepped = True  # (the first header from here is a resume point)
     position = dict(ck.get("position") or {})
     return position
 
