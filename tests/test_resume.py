@@ -429,3 +429,30 @@ def test_generators_the_program_holds_itself_resume_where_they_were(tmp_path):
     assert _run_plain(tmp_path, ["--resume", path, "--out", "other.pt"]).returncode == 0
     assert not all(torch.equal(a, b) for a, b in zip(load_params(tmp_path / "other.pt").values(),
                                                     load_params(tmp_path / "ref.pt").values()))
+
+
+@pytest.mark.slow
+def test_a_resumed_run_that_crashes_again_resumes_again_exactly(tmp_path, tmp_path_factory):
+    """Crash, resume under daifu, crash again in a later epoch, resume again:
+    the keeping goes on from where the first checkpoint left it."""
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    reference = _reference(tmp_path_factory, 2, "for")
+    (tmp_path / "train.py").write_text(TRAIN)
+    common = ["--workers", "2"]
+    first = _run([*common, "--crash", "1,2", "--out", "x.pt"], tmp_path, daifu=True)
+    assert first.returncode == 1, first.stderr[-3000:]
+    saved = [e["path"] for e in read_events(tmp_path / "events.jsonl")
+             if e["event"] == "checkpoint.saved"]
+    (tmp_path / "events.jsonl").unlink()
+    second = _run([*common, "--resume", saved[0], "--crash", "2,1", "--out", "y.pt"], tmp_path,
+                  daifu=True)
+    assert second.returncode == 1 and "bad step 2,1" in second.stderr, second.stderr[-3000:]
+    again = [e["path"] for e in read_events(tmp_path / "events.jsonl")
+             if e["event"] == "checkpoint.saved"]
+    assert len(again) == 1
+    ck = torch.load(again[0], weights_only=False)
+    assert ck["position"]["epoch"] == 2 and ck["loaders"]["loader"]["batches"] == 1
+    assert ck["loop"]["steps"] == 5 * 2 + 1  # (counted on from the first checkpoint's 5 + 2)
+    resumed = _run([*common, "--resume", again[0], "--out", "resumed.pt"], tmp_path, daifu=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_identical(load_params(tmp_path / "resumed.pt"), load_params(reference))
