@@ -540,6 +540,33 @@ def test_a_module_level_handler_is_tested_by_its_own_stub_as_python_reads_it(bar
     assert ns["hits"] == 50
 
 
+ENDS = '''
+class Countdown:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+def total(k):
+    return sum(sum(Countdown(3)) for _ in range(k))
+'''
+
+
+def test_an_iteration_that_ends_asks_no_barrier_anything(barrier_calls):
+    # StopIteration from a vaccinated ``__next__`` is never a crash: while
+    # the engine is quiet its barrier answers at once (judged: none)
+    _mode, judged, _called = barrier_calls
+    ns = vaccinate(ENDS)
+    assert ns["total"](5) == 15 and judged == []
+
+
 FIXED_ONCE = '''
 def fetch(d, k):
     return d[k]

@@ -61,6 +61,11 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
     re-raise the exception exactly as it was; a retry, skip or continue as
     the number the stub of that very cell dispatches on).  Never raises.
     (The C ``_routes.barrier`` is the same function.)"""
+    # the end of an iteration (a class's ``__next__`` ending a ``for``):
+    # never a crash (``_engine._NOT_CRASHES``); while the engine is quiet,
+    # nothing else to ask
+    if (type(exc) is StopIteration or type(exc) is StopAsyncIteration) and passing[2]:
+        return RAISE_CODE
     frame = _getframe(1)
     try:
         # this cell's exception takes the route a search found to a sure

@@ -132,6 +132,14 @@ barrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_SystemError, "daifu barrier: no Python frame");
         return NULL;
     }
+    /* the end of an iteration (a class's ``__next__`` ending a ``for``):
+     * never a crash; while the engine is quiet, nothing else to ask */
+    PyTypeObject *type = Py_TYPE(args[0]);
+    if ((type == (PyTypeObject *)PyExc_StopIteration
+            || type == (PyTypeObject *)PyExc_StopAsyncIteration)
+            && PyList_GET_ITEM(passing, 2) == Py_True) {
+        return Py_NewRef(raise_code);
+    }
     if (route_taken(args[0], args[1], frame)) {
         return Py_NewRef(raise_code);
     }
