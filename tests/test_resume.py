@@ -424,6 +424,16 @@ def test_generators_the_program_holds_itself_resume_where_they_were(tmp_path):
     assert _run_plain(tmp_path, ["--resume", path, "--out", "resumed.pt"]).returncode == 0
     assert _run_plain(tmp_path, ["--out", "ref.pt"]).returncode == 0
     assert_identical(load_params(tmp_path / "resumed.pt"), load_params(tmp_path / "ref.pt"))
+    # resumed under daifu, crashed again: the generators are kept there too
+    (tmp_path / "events.jsonl").unlink()
+    again = _run(["--resume", path, "--crash", "25", "--out", "y.pt"], tmp_path, daifu=True)
+    assert again.returncode == 1 and "the env broke" in again.stderr
+    second = next(e["path"] for e in read_events(tmp_path / "events.jsonl")
+                  if e["event"] == "checkpoint.saved")
+    ck = torch.load(second, weights_only=False)
+    assert len(ck["generators"]) == 4 and ck["loop"]["steps"] == 25
+    assert _run_plain(tmp_path, ["--resume", second, "--out", "twice.pt"]).returncode == 0
+    assert_identical(load_params(tmp_path / "twice.pt"), load_params(tmp_path / "ref.pt"))
     # the env not passed: its generators go on from where they are -- another run
     (tmp_path / "train.py").write_text(ENV.replace(", env=env)", ")"))
     assert _run_plain(tmp_path, ["--resume", path, "--out", "other.pt"]).returncode == 0

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import random
 import sys
-import threading
 import types
 import weakref
 
@@ -116,12 +115,14 @@ class Keeper:
     next loader header (one per process: ``KEEPER``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
-        #: optimizer steps since the process started (or since ``resume``)
+        #: optimizer steps since the process started (counted on from the
+        #: checkpoint's after ``resume``)
         self.steps = 0
+        #: optimizer steps this process has taken (when to look for generators)
+        self._taken = 0
         #: a step came, no header since (at the start too: the first header
         #: of the first iteration is a resume point)
         self._stepped = True
@@ -201,7 +202,8 @@ class Keeper:
             self.at = "optimizer-step"
             self._keep_loaders()
             self._site = _caller()
-            if self.steps in (1, 2) or self.steps % _FIND_EVERY == 0:
+            self._taken += 1
+            if self._taken <= 2 or self._taken % _FIND_EVERY == 0:
                 self._find_own()
             if self._own:
                 self._keep_own()
