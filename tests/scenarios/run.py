@@ -5,7 +5,8 @@
     python -m tests.scenarios.run --table docs/benchmark.md   # rewrite the doc's table
 
 Each case folder holds ``case.json`` (metadata), ``buggy.py`` (crashes
-mid-run), ``corrected.py`` (the fixed program, the reference) or
+mid-run; or ``"buggy"`` names the reference program, run with the
+``"buggy_args"`` that switch its fault on), ``corrected.py`` (the fixed program, the reference) or
 ``reference.py`` (for skip semantics: the same work skipped explicitly), and
 its in-situ fix: ``fix.py`` (rules, possibly editing the source and
 returning ``daifu.RELOAD``) and/or ``session.txt`` (console commands sent
@@ -393,7 +394,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         else []
     if session:
         cmd += ["--wait", "60"]
-    cmd += ["buggy.py", "--out", "live.pt", *args]
+    cmd += [_buggy(meta), "--out", "live.pt", *args, *meta.get("buggy_args", [])]
     nodes = int(meta.get("nodes", 1))
     replies: list[dict] = []
     if nodes > 1 or meta.get("concurrent"):
@@ -484,8 +485,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         shutil.rmtree(cdir)
         shutil.copytree(case.programs, cdir)
         blind = subprocess.run([sys.executable, "-m", "daifu", "--log", str(work / "blind.jsonl"),
-                                "--fixes", meta["blind_fix"], "buggy.py", "--out", "blind.pt",
-                                *args], cwd=cdir, capture_output=True, text=True,
+                                "--fixes", meta["blind_fix"], _buggy(meta), "--out", "blind.pt",
+                                *args, *meta.get("buggy_args", [])], cwd=cdir, capture_output=True, text=True,
                                timeout=timeout, env=_env(work / "blind.iter"))
         if blind.returncode != 0:
             res.problems.append(f"the blind-retry run failed: {blind.stderr[-1000:]}")
@@ -511,6 +512,13 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     return res
 
 
+def _buggy(meta: dict) -> str:
+    """The program that crashes: ``buggy.py``, or -- a case whose bug is a
+    switch of the reference program (``"buggy": "train.py"``, with its
+    ``"buggy_args"``) -- that program."""
+    return meta.get("buggy", "buggy.py")
+
+
 def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, args: list,
                  ref_iters: list, timeout: float) -> Result:
     """A case that is not fixed in situ: nobody fixes the crash (or SIGTERM
@@ -522,8 +530,8 @@ def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, ar
     events_path = work / "events.jsonl"
     env = {**_env(work / "live.iter"), "DAIFU_CONSOLE": "0", "DAIFU_WAIT": "0",
            "DAIFU_CHECKPOINT_DIR": str(work / "ck")}
-    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), "buggy.py", "--out",
-           "crashed.pt", *args]
+    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), _buggy(meta), "--out",
+           "crashed.pt", *args, *meta.get("buggy_args", [])]
     proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, env=env)
     try:

@@ -1,13 +1,14 @@
 """Reinforcement learning, resumed: REINFORCE on a gymnasium-style env that
 owns its randomness (``self.np_random``, a numpy Generator: random start
 cells, slippery moves) and samples actions with a ``torch.Generator`` of its
-own.  The buggy program's reward shaping looks a bonus up for the cell the
-agent reaches; in episode 10 it first reaches the goal, which the table lacks:
-KeyError at the episode's last move, after the env and the sampler drew.  Nobody fixes it;
-daifu saves the emergency checkpoint with both generators as they were when
-episode 10 began (at the optimizer step of episode 9).  Corrected: a missing
-cell has no bonus, and ``--resume PATH`` goes on with ``daifu.resume(...,
-env=env, sampler=sampler)``."""
+own.  With ``--bug`` the reward shaping looks the goal's bonus up strictly:
+in episode 10 the agent first reaches the goal, which the table lacks --
+KeyError at the episode's last move, after the env and the sampler drew.
+Nobody fixes it; daifu saves the emergency checkpoint with both generators
+as they were when episode 10 began (at the optimizer step of episode 9).
+Without ``--bug`` a missing cell has no bonus (the reference), and
+``--resume PATH`` goes on with ``daifu.resume(..., env=env,
+sampler=sampler)``."""
 
 import argparse
 import os
@@ -23,8 +24,8 @@ GOAL = (4, 4)
 BONUS = {(2, 2): 0.05, (3, 3): 0.1, (4, 3): 0.2, (3, 4): 0.2}
 
 
-def bonus(cell):
-    return BONUS.get(cell, 0.0)
+def bonus(cell, strict):
+    return BONUS[cell] if strict and cell == GOAL else BONUS.get(cell, 0.0)
 
 
 class SlipperyGrid:
@@ -60,6 +61,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--resume")
+    p.add_argument("--bug", action="store_true", help="the goal's bonus looked up strictly")
     args = p.parse_args()
     setup_determinism(0)
     env = SlipperyGrid(seed=7)
@@ -78,7 +80,7 @@ def main():
             action = torch.multinomial(probs, 1, generator=sampler).item()
             logps.append(torch.log(probs[action]))
             obs, reward, done = env.step(action)
-            rewards.append(reward + bonus(env.pos))
+            rewards.append(reward + bonus(env.pos, args.bug))
         returns, running = [], 0.0
         for r in reversed(rewards):
             running = r + GAMMA * running

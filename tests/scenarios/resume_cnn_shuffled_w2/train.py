@@ -1,10 +1,10 @@
 """Vision CNN, resumed: a shuffled DataLoader with two workers, a Dataset
 that augments with ``random`` and torch (in the workers), dropout in the
 model, and a gradient-clip schedule read per step.  The buggy program's
-schedule is one entry short: step 20 (epoch 2, batch 4), after its batch,
+schedule is one entry short (``--bug``): step 20 (epoch 2, batch 4), after its batch,
 forward and backward drew their random numbers, raises IndexError; nobody
-fixes it and daifu saves the emergency checkpoint.  Corrected: the schedule
-is complete, and ``--resume PATH`` goes on with ``daifu.resume`` (the
+fixes it and daifu saves the emergency checkpoint.  Without ``--bug`` the
+schedule is complete (the reference), and ``--resume PATH`` goes on with ``daifu.resume`` (the
 loader with batch 4 of epoch 2's order, the RNG as at that batch's start)."""
 
 import argparse
@@ -52,7 +52,9 @@ def main():
     p.add_argument("--out")
     p.add_argument("--resume")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--bug", action="store_true", help="the clip schedule one entry short")
     args = p.parse_args()
+    clip = CLIP[:-1] if args.bug else CLIP
     setup_determinism(0)
     random.seed(0)
     model = Net()
@@ -69,7 +71,7 @@ def main():
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP[step // 10])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip[step // 10])
             opt.step()
             iteration_done(f"train {epoch} {step}")
             step += 1

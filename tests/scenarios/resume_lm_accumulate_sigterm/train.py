@@ -6,8 +6,8 @@ SIGTERM (a scheduler's preemption) after iteration 5; daifu lets the
 current iteration finish and saves at the ``while True`` header -- never
 between the micro-steps -- then the job ends as python's does on SIGTERM.
 The same program, started again with ``--resume PATH``, goes on with
-``daifu.resume``.  (buggy.py is this program with a pause per iteration:
-the preemption lands while it runs.)"""
+``daifu.resume``.  (Preempted, it runs with ``--pause``: a pause per
+micro-step, so that the preemption lands while an iteration runs.)"""
 
 import argparse
 import math
@@ -22,7 +22,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from _common import TinyLM, iteration_done, save, setup_determinism, token_corpus
 
-PAUSE = 0.0
 BATCH, SEQ, ACCUMULATE, MAX_ITERS = 8, 24, 3, 24
 
 
@@ -51,6 +50,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--resume")
+    p.add_argument("--pause", type=float, default=0.0, help="seconds per micro-step")
     args = p.parse_args()
     setup_determinism(0)
     corpus = token_corpus(6000)
@@ -68,7 +68,7 @@ def main():
             logits = model(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)) / ACCUMULATE
             loss.backward()
-            time.sleep(PAUSE)
+            time.sleep(args.pause)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
