@@ -307,7 +307,7 @@ class Keeper:
 
 
 #: steps between two looks for the program's own generators
-_FIND_EVERY = 512
+_FIND_EVERY = 4096
 
 
 class _Own:
@@ -344,6 +344,18 @@ class _Own:
         return self._full
 
 
+def _generator_types() -> tuple[type, ...]:
+    """The classes ``_own_kind`` knows, for one ``isinstance`` per value."""
+    out: list[type] = [random.Random]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        out += [numpy.random.Generator, numpy.random.RandomState]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out.append(torch.Generator)
+    return tuple(t for t in out if isinstance(t, type))
+
+
 def _own_kind(value: Any) -> str | None:
     if isinstance(value, random.Random):
         return None if value is getattr(random, "_inst", None) else "random"
@@ -369,7 +381,11 @@ def _own_generators(scopes: Any, known: dict[str, _Own]) -> dict[str, _Own]:
     seen: set[int] = set()
     by_id = {id(own.gen): own for own in known.values()}
 
+    generators = _generator_types()
+
     def take(name: str, value: Any) -> None:
+        if not isinstance(value, generators):  # (the commonest answer, in one call)
+            return
         kind = _own_kind(value)
         if kind is None or id(value) in seen:
             return
