@@ -118,11 +118,14 @@ fuzz: setup
 	$(FUZZ_PY) -m tests.fuzz.run -n $(N)
 
 ## lint: ruff and mypy (what CI runs before the tests)
+## lint: ruff, mypy (3.11 and 3.13 rules), and the import contracts (setup.cfg,
+## [importlinter]: the layers, the engine's wings, no import cycle)
 lint: setup
 	$(PY) -m pip install --quiet ruff mypy
 	$(PY) -m ruff check daifu tests perf examples
 	$(PY) -m mypy
 	$(PY) -m mypy --config-file .ci/mypy-3.13.ini
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(VENV313) runs build *.egg-info .benchmarks

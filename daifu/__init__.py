@@ -27,6 +27,7 @@ from ._errors import (
     TransformError,
     UnsupportedPythonWarning,
 )
+from ._version import __version__ as __version__
 from .engine import (
     ABORT,
     CONTINUE,
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
     from typing import Any, TypeVar
 
     F = TypeVar("F", bound=Callable[..., Any])
-
-__version__ = "0.1.0"
 
 
 
@@ -153,20 +152,20 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     written by a newer daifu, or does not hold what was passed; and when an
     object's ``load_state_dict`` refuses its state (the objects before it
     were loaded; the RNG and the loaders not touched)."""
-    from .engine._resume import resume as _resume
+    from .engine.persist._resume import resume as _resume
 
     return _resume(path, map_location=map_location, **objects)
 
 
 def __getattr__(name: str) -> Any:
-    """``load_checkpoint`` and ``restore_rng`` (``engine/_checkpoint.py``):
+    """``load_checkpoint`` and ``restore_rng`` (``engine/persist/_checkpoint.py``):
     imported on first use, not at every start of every job."""
     if name in ("load_checkpoint", "restore_rng"):
-        from .engine import _checkpoint
+        from .engine.persist import _checkpoint
 
         return getattr(_checkpoint, name)
     if name == "ResumeError":
-        from .engine._resume import ResumeError
+        from .engine.persist._resume import ResumeError
 
         return ResumeError
     raise AttributeError(f"module 'daifu' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from conftest import ASSERT, record, size
 
 def test_emergency_checkpoint_costs_what_torch_save_costs(tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch not available")
-    from daifu.engine._checkpoint import save
+    from daifu.engine.persist._checkpoint import save
 
     width = size(2048, 256)
     model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(3)))

@@ -1,5 +1,5 @@
 """What the desync check costs at a crash in a distributed job: reading this
-rank's collectives from PyTorch's flight recorder (engine/_distributed.py).
+rank's collectives from PyTorch's flight recorder (engine/remote/_distributed.py).
 
 Measured in a subprocess (a one-rank gloo group on a FileStore) after N
 collectives issued 20 Python frames deep, as a training step issues them;
@@ -19,7 +19,7 @@ pytest.importorskip("torch", reason="PyTorch not available")
 PROGRAM = '''
 import json, sys, tempfile, time
 import torch, torch.distributed as dist
-from daifu.engine import _distributed
+from daifu.engine.remote import _distributed
 
 store = dist.FileStore(tempfile.mktemp(), 1)
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)

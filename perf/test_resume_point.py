@@ -1,5 +1,5 @@
 """What keeping the resume point costs each training iteration
-(``engine/_resume.py``): at the optimizer step and at the loader header
+(``engine/persist/_resume.py``): at the optimizer step and at the loader header
 after it, the RNG states (python, numpy, torch) and the loaders' positions
 -- against one step of a small model (MNIST's CNN, a batch of 64, on CPU),
 measured side by side (target: <= 0.1 % of the step)."""
@@ -17,7 +17,7 @@ def test_keeping_the_resume_point_costs_a_fraction_of_a_small_step():
     torch = pytest.importorskip("torch", reason="PyTorch not available")
     import sys
 
-    from daifu.engine._resume import KEEPER, keep_loaders
+    from daifu.engine.persist._resume import KEEPER, keep_loaders
 
     nn = torch.nn
     torch.manual_seed(0)

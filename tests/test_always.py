@@ -35,7 +35,7 @@ PROGRAM = textwrap.dedent('''
 FIRST_CRASH_CONSOLE = textwrap.dedent('''
     import daifu
     from daifu.engine import ENGINE
-    from daifu.engine._console import run_line
+    from daifu.engine.human._console import run_line
 
     CALLS = []
 
@@ -75,7 +75,7 @@ def test_always_list_clear_and_bad_words(tmp_path):
     (tmp_path / "console.py").write_text(textwrap.dedent('''
         import daifu
         from daifu.engine import ENGINE
-        from daifu.engine._console import run_line
+        from daifu.engine.human._console import run_line
 
         @daifu.on(KeyError)
         def console(crash):

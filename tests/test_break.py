@@ -1,6 +1,6 @@
 """``send PID break``: pause a running job at its next statement in a
 vaccinated frame, with no exception of the program raised; ``continue``
-resumes it with nothing run twice (engine/_break.py)."""
+resumes it with nothing run twice (engine/human/_break.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from daifu.engine import ENGINE, _break
-from daifu.engine._console import run_line
+from daifu.engine import ENGINE
 from daifu.engine._events import capture
+from daifu.engine.human import _break
+from daifu.engine.human._console import run_line
 
 from .support import vaccinate
 
 PROGRAM = '''
 import sys
-from daifu.engine._break import arm
+from daifu.engine.human._break import arm
 
 def work(n, log, pause_at):
     total = 0
@@ -253,7 +254,7 @@ def test_up_and_down_at_a_pause_reach_the_caller_and_continue_resumes(tmp_path):
 
 RELOADED = '''
 import sys
-from daifu.engine._break import arm
+from daifu.engine.human._break import arm
 
 def work(n, log):
     for i in range(n):

@@ -453,7 +453,7 @@ def test_a_full_disk_leaves_no_partial_file_and_says_so_in_one_line(tmp_path, mo
     torch = pytest.importorskip("torch", reason="PyTorch not available")
     import errno
 
-    from daifu.engine import _checkpoint
+    from daifu.engine.persist import _checkpoint
 
     model = torch.nn.Linear(3, 3)  # noqa: F841 - found in this frame
     real = torch.save
@@ -475,7 +475,7 @@ def test_a_full_disk_is_named_when_the_writer_says_only_that_a_write_failed(tmp_
     import errno
     import types
 
-    from daifu.engine import _checkpoint
+    from daifu.engine.persist import _checkpoint
 
     model = torch.nn.Linear(3, 3)  # noqa: F841 - found in this frame
 
@@ -509,7 +509,7 @@ def test_checkpoint_names_never_collide_and_a_killed_saves_file_goes_at_the_next
     import fcntl
 
     torch = pytest.importorskip("torch", reason="PyTorch not available")
-    from daifu.engine import _checkpoint
+    from daifu.engine.persist import _checkpoint
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -533,7 +533,7 @@ def test_checkpoint_names_never_collide_and_a_killed_saves_file_goes_at_the_next
 
 def test_large_state_is_announced_with_an_estimate(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch", reason="PyTorch not available")
-    from daifu.engine import _checkpoint
+    from daifu.engine.persist import _checkpoint
 
     model = torch.nn.Linear(64, 64)  # noqa: F841 - found in this frame
     monkeypatch.setattr(_checkpoint, "LARGE_BYTES", 1000)

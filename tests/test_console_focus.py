@@ -12,9 +12,9 @@ import pytest
 
 import daifu
 from daifu.engine import ENGINE, _events
-from daifu.engine._console import Console, _loop, run_line
 from daifu.engine._events import capture
-from daifu.engine._report import build
+from daifu.engine.human._console import Console, _loop, run_line
+from daifu.engine.human._report import build
 
 from .support import crashes, vaccinate
 
@@ -195,7 +195,7 @@ def train():
 
 def test_report_summarises_user_modules_and_batches_on_one_line():
     torch = pytest.importorskip("torch", reason="PyTorch not available")
-    from daifu.engine._report import summarize
+    from daifu.engine.human._report import summarize
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -260,7 +260,7 @@ def test_log_lines_wait_while_the_console_has_the_terminal(program, monkeypatch)
 
 
 def test_a_change_made_in_a_caller_is_journaled_with_its_frame_and_replayed(program, tmp_path):
-    from daifu.engine._journal import Journal, Replay
+    from daifu.engine.persist._journal import Journal, Replay
 
     from .support import read_events
 
@@ -334,7 +334,7 @@ def test_all_bang_statement_and_checkpoint_path_are_commands_not_python(program)
 
 def test_rank_n_on_rank_ns_own_console(program, monkeypatch):
     # `rank 1` on rank 1's console said rank 1 does not wait, though `ranks` listed it
-    from daifu.engine import _jobstore
+    from daifu.engine.remote import _jobstore
 
     monkeypatch.setattr(_events, "distributed", lambda: {"job": "j", "rank": 1,
                                                          "world_size": 2})
@@ -432,7 +432,7 @@ def train(loader, seen):
 
     @daifu.on(RuntimeError)
     def console(crash):
-        from daifu.engine._report import build
+        from daifu.engine.human._report import build
 
         options.extend(build(crash).options)
         answers.extend(_session(crash, ["up", "down", "up", "skip"]))

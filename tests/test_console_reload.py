@@ -14,10 +14,10 @@ import daifu
 from daifu import cells as _registry
 from daifu.cells._source import ModuleSource, map_statement
 from daifu.engine import ENGINE
-from daifu.engine._console import run_line
 from daifu.engine._events import capture as capture_logs
-from daifu.engine._journal import Journal, Replay
-from daifu.engine._report import build, summarize
+from daifu.engine.human._console import run_line
+from daifu.engine.human._report import build, summarize
+from daifu.engine.persist._journal import Journal, Replay
 
 from .support import crashes, read_events
 

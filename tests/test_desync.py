@@ -1,4 +1,4 @@
-"""The rank-local decision check (engine/_distributed.py), without a cluster.
+"""The rank-local decision check (engine/remote/_distributed.py), without a cluster.
 
 A fake collective records what PyTorch's flight recorder records -- the
 Python stack where it was issued -- and the process "is" rank 1 of 2; the
@@ -13,8 +13,8 @@ import traceback
 import pytest
 
 import daifu
-from daifu.engine import _distributed
 from daifu.engine._events import capture as capture_logs
+from daifu.engine.remote import _distributed
 
 from .support import crashes, vaccinate
 

@@ -624,7 +624,7 @@ def test_two_nodes_no_other_user_steers_the_job_and_any_rank_is_reached_from_any
     import threading
     import time
 
-    from daifu.engine._jobstore import Channel, _queue
+    from daifu.engine.remote._jobstore import Channel, _queue
 
     assert FOUR != TRAIN
     (tmp_path / "train.py").write_text(FOUR.format(bad="{(0, 3), (1, 3), (2, 3), (3, 3)}"))

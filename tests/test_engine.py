@@ -939,7 +939,7 @@ def test_an_event_emitted_while_the_logger_is_built_is_written_after_it(monkeypa
     import threading
 
     from daifu.engine import _events
-    from daifu.engine._journal import JournalOpened
+    from daifu.engine.persist._journal import JournalOpened
 
     stream = io.StringIO()
     _events.configure(stream, "info", json=True)
@@ -974,7 +974,7 @@ def test_the_preload_waits_while_daifu_code_called_by_the_program_runs():
     seen = []
     _events.listeners.append(lambda ev: seen.append(_preload._busy(sys._getframe())))
     try:
-        from daifu.engine._journal import JournalOpened
+        from daifu.engine.persist._journal import JournalOpened
 
         _events.emit(JournalOpened(path="x"))
     finally:

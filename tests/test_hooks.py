@@ -419,7 +419,7 @@ def test_multiprocessing_children_fork_and_spawn(tmp_path):
 def test_spawn_command_line_patch_is_idempotent():
     import multiprocessing.spawn as spawn
 
-    from daifu.hooks._child import patch_spawn
+    from daifu.hooks._install import patch_spawn
 
     patch_spawn()
     patch_spawn()

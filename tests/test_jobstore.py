@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from daifu.engine import _seal
+from daifu.engine.remote import _seal
 
 
 def test_a_sealed_message_opens_only_with_its_key_at_its_place(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def job_store(tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="PyTorch not available")
     import torch.distributed as dist
 
-    from daifu.engine import _jobstore
+    from daifu.engine.remote import _jobstore
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -164,7 +164,7 @@ def waiting_rank(job_store, monkeypatch):
     event (not at most one every few seconds)."""
     import threading
 
-    from daifu.engine._control import ControlServer
+    from daifu.engine.remote._control import ControlServer
 
     server, channel, _jobstore = job_store
     monkeypatch.setattr(_jobstore.dropped, "EVERY_S", 0.0)
@@ -282,7 +282,7 @@ def test_a_relay_reaches_a_store_that_comes_up_after_it(tmp_path, monkeypatch):
 
     import torch.distributed as dist
 
-    from daifu.engine import _jobstore
+    from daifu.engine.remote import _jobstore
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
@@ -332,7 +332,7 @@ def _c(seq, name="all_reduce", sizes=((4,),), where="train.py:20 in main", pg="0
 
 
 def test_the_doctor_names_the_rank_behind_and_the_collective_that_differs():
-    from daifu.engine._doctor import diagnose
+    from daifu.engine.remote._doctor import diagnose
 
     # rank 1 issued one all_reduce fewer: the others wait in #3
     behind = diagnose({0: _answer([_c(1), _c(2), _c(3)]),
@@ -359,7 +359,7 @@ def test_the_doctor_names_the_rank_behind_and_the_collective_that_differs():
 _EXITING_RANK = """
 import atexit, datetime, sys, time
 import torch.distributed as dist
-from daifu.engine import _jobstore
+from daifu.engine.remote import _jobstore
 _jobstore.start_relay()
 store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
                       timeout=datetime.timedelta(seconds=20))
@@ -384,7 +384,7 @@ def test_a_command_that_comes_while_a_rank_exits_does_not_kill_it(tmp_path, monk
 
     import torch.distributed as dist
 
-    from daifu.engine import _jobstore
+    from daifu.engine.remote import _jobstore
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     job = f"run@127.0.0.1:{server.port}"
@@ -417,7 +417,7 @@ def rank_zero_of_two(tmp_path, monkeypatch):
 
     import torch.distributed as dist
 
-    from daifu.engine import _distributed, _jobstore
+    from daifu.engine.remote import _distributed, _jobstore
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "agree"),
@@ -445,9 +445,9 @@ def test_a_forged_agreement_is_dropped_and_the_refused_decision_stays_refused(
     import threading
 
     from daifu._errors import PatchError
-    from daifu.engine import _distributed
     from daifu.engine._decision import RETRY
     from daifu.engine._events import capture
+    from daifu.engine.remote import _distributed
 
     server, other, crash = rank_zero_of_two
     theirs = "daifu/agree/1/1"
@@ -506,8 +506,8 @@ def test_a_job_wide_decision_one_rank_cannot_take_is_refused_on_every_rank(rank_
     import torch.distributed as dist
 
     from daifu._errors import PatchError
-    from daifu.engine import _distributed
     from daifu.engine._decision import RETRY
+    from daifu.engine.remote import _distributed
 
     server, _, crash = rank_zero_of_two
     rank1 = _distributed._Meeting(dist.TCPStore("127.0.0.1", server.port, is_master=False),
@@ -521,8 +521,8 @@ def test_a_job_wide_decision_one_rank_cannot_take_is_refused_on_every_rank(rank_
 
 
 def test_a_key_that_cannot_be_had_is_said_when_the_rank_starts(tmp_path, monkeypatch):
-    from daifu.engine import _jobstore
     from daifu.engine._events import capture
+    from daifu.engine.remote import _jobstore
 
     path = tmp_path / "job.key"
     path.write_text("x" * 44)
@@ -547,7 +547,7 @@ def test_the_files_of_a_rank_killed_by_sigterm_are_removed(tmp_path, monkeypatch
     import subprocess
     import sys
 
-    from daifu.engine._rundir import running_jobs
+    from daifu.engine.remote._rundir import running_jobs
 
     run = tmp_path / "run"
     run.mkdir(mode=0o700)

@@ -195,7 +195,7 @@ def test_a_worker_failure_is_reported_with_its_cause_and_its_batch(program):
     # worker process 0. Original Traceback ..." cut short), every line of the
     # loop was marked as failing, and the worker's error, the dataset's frame
     # and the batch's indices were nowhere (nor reachable from the console)
-    from daifu.engine import _report
+    from daifu.engine.human import _report
 
     data = program["loader"](bad={13}, workers=2, shuffle=False)
     seen = {}

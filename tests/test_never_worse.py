@@ -444,7 +444,7 @@ def test_the_report_of_a_crash_at_module_level_shows_its_line(tmp_path):
     # own call instead (the crashed frame again, in its stub: "line None")
     (tmp_path / "fixes.py").write_text(textwrap.dedent("""
         import daifu
-        from daifu.engine import _report
+        from daifu.engine.human import _report
 
         @daifu.on(KeyError)
         def show(crash):

@@ -3,7 +3,7 @@ failed step drew random numbers and took its batch), resumed with one
 ``daifu.resume`` call, ends bit-identical to a run that never crashed -- with
 a shuffled ``DataLoader`` (in the main process and with workers), a
 ``Dataset`` that draws from ``random`` and torch, dropout, and the training
-loop written as ``for`` or as ``while`` (``engine/_resume.py``)."""
+loop written as ``for`` or as ``while`` (``engine/persist/_resume.py``)."""
 
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ def test_the_kept_python_rng_is_the_state_random_reports():
     ``getstate()`` says, gauss cache included."""
     import random
 
-    from daifu.engine._resume import _python_reader, _python_state
+    from daifu.engine.persist._resume import _python_reader, _python_state
 
     reader = _python_reader()
     assert reader is not None  # (CPython 3.11 and 3.13 have this layout)

@@ -28,14 +28,14 @@ from ._cell import (
     code_infos,
     is_vaccinated,
     jump_answer,
-    original_code,
     own_catch,
     own_test,
     resolve,
     route_catch,
 )
 from ._context import FrameContext, read_locals
-from ._dispatch import backend
+from ._dispatch import backend, cell_at, cell_range
+from ._lazy import original_code
 from ._registry import LoadedFile, files, forget, get, record, target_files
 from ._transform import (
     Report,
@@ -77,6 +77,8 @@ __all__ = [
     "Selection",
     "WithGuard",
     "backend",
+    "cell_at",
+    "cell_range",
     "cells_of",
     "code_infos",
     "code_pairs",

@@ -106,7 +106,7 @@ def fingerprint() -> bytes:
     if _fingerprint is None:
         from importlib.util import find_spec
 
-        from .. import __version__
+        from .._version import __version__
 
         h = blake2b(MAGIC, digest_size=32)
         h.update(__version__.encode())

@@ -396,18 +396,6 @@ MISSING = object()
 _INFO_BY_ID = IdentityMemo()
 
 
-def original_code(code: types.CodeType) -> types.CodeType:
-    """The unmodified code a vaccinated code object (or a first-call stub)
-    was made from (or itself)."""
-    info = cells_of(code)
-    if info is not None and info.original is not None:
-        return info.original
-    from ._lazy import pending_of
-
-    pending = pending_of(code)
-    return pending.original if pending is not None else code
-
-
 def is_vaccinated(code: Any) -> bool:
     """True if ``code`` (a code object) was produced by daifu's rewrite."""
     return isinstance(code, types.CodeType) and cells_of(code) is not None

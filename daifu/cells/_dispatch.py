@@ -13,6 +13,12 @@ import sys
 from . import _versions
 from ._backend import Backend
 
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    import types
+
+    from ._cell import Cell, CodeInfo
+
 SUPPORTED = _versions.supported()
 
 
@@ -28,3 +34,21 @@ def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str
         f"daifu does not know the bytecode of Python {ver[0]}.{ver[1]} (supported: {known}); "
         "the program runs unmodified, without crash interception"
     )
+
+
+def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
+    """The cell whose instructions include byte ``offset`` of rewritten ``code``."""
+    found = cell_range(info, code, offset)
+    return found[2] if found is not None else None
+
+
+def cell_range(info: CodeInfo, code: types.CodeType, offset: int
+               ) -> tuple[int, int, Cell, bool] | None:
+    """(start, stop, cell, in its retry copy) of the range holding ``offset``."""
+    if info.ranges is None:
+        back, _ = backend()
+        info.ranges = back.cell_ranges(code) if back is not None else []
+    for found in info.ranges:
+        if found[0] <= offset < found[1]:
+            return found
+    return None

@@ -36,6 +36,8 @@ import warnings
 import weakref
 
 from .._errors import NotVaccinatedWarning
+from ._cell import cells_of
+from ._versions import current
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -46,6 +48,14 @@ _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 #: generators, coroutines, async generators, iterable coroutines
 _CO_NOT_STUBBED = 0x20 | 0x80 | 0x200 | 0x100
 _HELPER, _PENDING = "__daifu_first_call__", "__daifu_pending__"
+#: the rewrite of a function at its first call, given by ``_transform`` when
+#: it is imported (``use_rewrite``: this module never imports it back)
+_wired: dict[str, Any] = {"rewrite": None}
+
+
+def use_rewrite(rewrite: Any) -> None:
+    """``rewrite(pending)``: the vaccinated code of a stubbed function, or None."""
+    _wired["rewrite"] = rewrite
 _DOC = "__daifu_docstring__"
 
 
@@ -155,7 +165,6 @@ def _constants(stub: types.CodeType) -> types.CodeType:
     """The template with its two global loads turned into constant loads."""
     import bytecode
 
-    from ._rewrite._ops import PY
 
     bc = bytecode.Bytecode.from_code(stub)
     out: list = []
@@ -168,7 +177,7 @@ def _constants(stub: types.CodeType) -> types.CodeType:
             null = bytecode.Instr("PUSH_NULL", location=instr.location)
             if not push_null:
                 out.append(load)
-            elif PY.null_below_callable:
+            elif current().null_below_callable:
                 out += [null, load]
             else:
                 out += [load, null]
@@ -241,6 +250,16 @@ def use_dynamo() -> None:
         pass
 
 
+def original_code(code: types.CodeType) -> types.CodeType:
+    """The unmodified code a vaccinated code object (or a first-call stub)
+    was made from (or itself)."""
+    info = cells_of(code)
+    if info is not None and info.original is not None:
+        return info.original
+    pending = pending_of(code)
+    return pending.original if pending is not None else code
+
+
 def pending_of(code: Any) -> Pending | None:
     """The ``Pending`` of a first-call stub, or None."""
     if isinstance(code, types.CodeType):
@@ -307,9 +326,7 @@ def _content(cell: Any) -> Any:
 def _rewrite(pending: Pending) -> types.CodeType:
     original = pending.original
     try:
-        from . import _transform
-
-        new = _transform.rewrite_pending(pending)
+        new = _wired["rewrite"](pending)
     except Exception as exc:  # a daifu bug must not fail the call: run the original
         warnings.warn(f"daifu: {original.co_qualname} ({original.co_filename}:"
                       f"{original.co_firstlineno}) is not vaccinated and runs unmodified: "

@@ -136,21 +136,13 @@ def use_barrier(barrier: Callable, passing: list) -> None:
     """The function the stubs call at an exception (``engine._barrier.entry()``)
     and the list they read before they call it (``engine._guards.passing``),
     which they reach as the builtin ``PASSING``: the engine calls this when
-    it is imported (the cells package never imports the engine, but to make
-    sure it is there: ``_ensure_engine``)."""
+    it is imported.  The cells package never imports the engine: ``daifu``
+    imports the engine before anything can vaccinate code."""
     # (the method-wrappers, made once: a profiler sees no call of them)
     wrappers = [fn.__call__ for fn in (sys.getprofile, sys.gettrace)]  # type: ignore[operator]
     del passing[P_SYS:]
     passing += [sys, barrier, *wrappers]
     setattr(builtins, PASSING, passing)
-
-
-def _ensure_engine() -> None:
-    """Code is about to be vaccinated: the engine is imported (its stubs
-    would otherwise find no ``PASSING`` and re-raise as if daifu were not
-    there)."""
-    if not hasattr(builtins, PASSING):  # pragma: no cover - daifu/__init__ imports it
-        from .. import engine  # noqa: F401 - installs the barrier
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
@@ -220,7 +212,6 @@ def vaccinate_module(
     back = _check_version(report)
     if back is None:
         return code, report
-    _ensure_engine()
     # strict mode must report every function that cannot be vaccinated at
     # import, and a dump shows the rewrite: both rewrite the stubs' functions now
     now = selection.eager or options.strict or bool(options.dump)
@@ -304,6 +295,9 @@ def rewrite_pending(pending: _lazy.Pending) -> types.CodeType | None:
     if options.dump:
         _dump(report, new)
     return new
+
+
+_lazy.use_rewrite(rewrite_pending)
 
 
 def vaccinate_source(
@@ -426,7 +420,6 @@ def vaccinate_function(fn: Callable) -> bool:
                         code.co_firstlineno)
         return False
     assert msrc is not None  # (scope was found in it)
-    _ensure_engine()
     info = CodeInfo(code.co_qualname, code.co_filename, code.co_firstlineno,
                     getattr(fn, "__module__", None), original=code)
     try:

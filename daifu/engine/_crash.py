@@ -9,7 +9,7 @@ import sys
 import types
 
 from .._errors import PatchError
-from ..cells import Capabilities, Cell, FrameContext, read_locals
+from ..cells import Capabilities, Cell, FrameContext, cells_of, read_locals
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -133,6 +133,15 @@ class Crash(Capabilities):
                 out.append(frame)
             frame = frame.f_back
         return out
+
+    def vaccinated_caller(self, level: int) -> int | None:
+        """The level of the nearest vaccinated caller of the frame at
+        ``level`` in ``frames()`` (library frames between are passed), or None."""
+        frames = self.frames()
+        for up in range(level + 1, len(frames)):
+            if cells_of(frames[up].f_code) is not None:
+                return up
+        return None
 
     def frame_at(self, level: int) -> types.FrameType:
         """``frames()[level]``; raises ``PatchError`` when there is none."""
@@ -283,7 +292,7 @@ def _yielded(cell: Cell, code: types.CodeType, lasti: int) -> str | None:
     ``yield`` of the statement had run yet."""
     import dis
 
-    from ._guards import cell_range
+    from ..cells import cell_range
 
     found = cell_range(cell.info, code, 2 * lasti)
     if found is None:

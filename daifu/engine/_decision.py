@@ -31,6 +31,9 @@ CONTINUE = Decision.CONTINUE
 ABORT = Decision.ABORT
 RELOAD = Decision.RELOAD
 
+#: what a waiter answers when the human passed the crash on to a vaccinated caller
+PASSED_ON = "passed on to a vaccinated caller"
+
 
 class AllRanks:
     """A rule's decision for every rank of a distributed job

@@ -29,7 +29,8 @@ import time
 import types
 
 from .._errors import PatchError
-from .._record import field, record, replace
+from .._record import field, record
+from .._record import replace as changed
 from ..cells import (
     CONTINUE_CODE,
     RAISE_CODE,
@@ -38,14 +39,23 @@ from ..cells import (
     Cell,
     FrameContext,
     backend,
+    cell_range,
     cells_of,
     read_locals,
     target_files,
 )
-from . import _distributed
-from ._break import armed, is_break
 from ._crash import Crash, exception_text
-from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, Resolution
+from ._decision import (
+    ABORT,
+    CONTINUE,
+    PASSED_ON,
+    RELOAD,
+    RETRY,
+    SKIP,
+    AllRanks,
+    Decision,
+    Resolution,
+)
 from ._events import (
     BreakPaused,
     CrashGaveUp,
@@ -63,7 +73,7 @@ from ._events import (
     tell,
     write,
 )
-from ._guards import cell_range, handled_above, passing, would_catch
+from ._guards import handled_above, passing, would_catch
 from ._queue import (
     AlwaysPatch,
     Apply,
@@ -77,14 +87,14 @@ from ._queue import (
 from ._repeats import Ending, Group, Repeats
 from ._rules import RuleBook
 from ._signals import live
+from .human._break import armed, is_break
+from .remote import _distributed
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
 _NOT_CRASHES = (StopIteration, StopAsyncIteration)
-#: what a waiter answers when the human passed the crash on to a vaccinated caller
-PASSED_ON = "passed on to a vaccinated caller"
 
 
 @record
@@ -326,6 +336,10 @@ class Engine:
                 del self._pending[key]
         passing[2] = self.quiet()
 
+    def busy(self) -> bool:
+        """Is this thread inside daifu's own handling (a rule, the console)?"""
+        return getattr(self._tls, "busy", False)
+
     def on_exception(self, exc: BaseException, cell: Cell, lasti: int, stack: tuple,
                      frame: types.FrameType) -> int | tuple:
         tls = self._tls
@@ -479,7 +493,7 @@ class Engine:
             if forward is not None and forward[0] is exc:  # taken at the callee's crash
                 del self._forward[id(exc)]
                 if not res.final:
-                    crash.patches.put(replace(forward[2], frame=0))
+                    crash.patches.put(changed(forward[2], frame=0))
                     res.decision, res.reason = self._drain(crash), forward[2].origin
             if res.decision is not None:
                 pass
@@ -706,8 +720,9 @@ class Engine:
         ``(its path, what was saved)``, or ``(None, why not)`` -- nothing in
         reach to save, or it could not be written (an event says so too)."""
         from ..cells import read_locals
-        from ._checkpoint import CheckpointError, save
         from ._events import CheckpointFailed, CheckpointNote, CheckpointSaved
+        from .persist._checkpoint import CheckpointError, save
+        from .persist._resume import KEEPER
 
         if path is None and _in_dataloader_worker():
             return None, "a DataLoader worker: its copy of the model is not the job's state"
@@ -717,7 +732,7 @@ class Engine:
 
         try:
             done = save(crash.frame, crash.where, crash.exception, self.checkpoint_dir, path,
-                        read_locals=read_locals, say=say)
+                        read_locals=read_locals, say=say, point=KEEPER)
         except CheckpointError as exc:
             emit(CheckpointFailed(where=crash.where, reason=str(exc)))
             return None, str(exc)
@@ -871,14 +886,14 @@ class Engine:
         if patch.decision is not RETRY or replaced is None or patch.frame > replaced[0]:
             return patch
         from ._replace import rerun_level
-        from ._report import redraws
+        from .human._report import redraws
 
         level = rerun_level(crash, replaced)
         crash.resolution.note = "; ".join([
             f"{replaced[1]}() was replaced while it runs: its call is re-executed in caller "
             f"frame {level} ({crash.frame_at(level).f_code.co_qualname})",
             *redraws(crash, level)])
-        return replace(patch, frame=level)
+        return changed(patch, frame=level)
 
     @staticmethod
     def _upward(patch: DecisionPatch, crash: Crash | None) -> Decision:
@@ -908,7 +923,7 @@ class Engine:
             raise PatchError(f"cannot {patch.decision.value} in caller frame {patch.frame} "
                              f"({target.f_code.co_qualname}): {why}")
         if patch.decision is RETRY:
-            from ._report import redraws
+            from .human._report import redraws
 
             # (a replace's redirect said them already: once is enough)
             notes = [n for n in redraws(crash, patch.frame)
@@ -1036,7 +1051,7 @@ class Engine:
 def _break_waiter():
     """Who a pause waits for when the job has no waiter of its own (headless,
     no --wait): the control endpoint, until told -- pausing was asked for."""
-    from ._waiter import Waiter
+    from .human._waiter import Waiter
 
     return Waiter(console=sys.stdin.isatty() and sys.stderr.isatty(), wait=None)
 
@@ -1107,6 +1122,21 @@ def _env_int(name: str, default: int) -> int:
 
 
 ENGINE = Engine()
+
+
+def replace(target: Any, new: Any) -> None:
+    """Give function (or method) ``target`` the code of ``new``.
+
+    Every reference to ``target`` -- module attributes, bound methods, objects
+    holding it -- runs the new code from its next call; the new code runs with
+    ``target``'s globals and closure.  If ``target`` was vaccinated, the new
+    code is vaccinated too.  A call of ``target`` that is running right now
+    keeps its old code: at a crash, a retry then re-executes that call in its
+    nearest vaccinated caller, which calls the new code.  Raises
+    ``PatchError`` when the code cannot be swapped (a builtin, different
+    closure variables).
+    """
+    ENGINE.submit(ReplacePatch(target, new))
 
 
 def _prepare_loop_header(decision: Decision, crash: Crash) -> None:

@@ -143,7 +143,7 @@ class CrashIntercepted(Event):
 
 @event
 class CrashReport(Event):
-    """What a human needs to decide (see ``daifu.engine._report``)."""
+    """What a human needs to decide (see ``daifu.engine.human._report``)."""
 
     event: ClassVar[str] = "crash.report"
     where: str
@@ -247,7 +247,7 @@ class CrashPassed(Event):
 @event
 class TimeoutExtended(Event):
     """A process group's collective timeout, extended so that the other ranks
-    outlast a rank that waits for a fix (engine/_distributed.py)."""
+    outlast a rank that waits for a fix (engine/remote/_distributed.py)."""
 
     event: ClassVar[str] = "distributed.timeout_extended"
     group: str

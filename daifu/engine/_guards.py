@@ -35,8 +35,6 @@ from collections.abc import Container
 
 from .._runtime import RUNTIME
 from ..cells import (
-    Cell,
-    CodeInfo,
     ExceptGuard,
     FinallyGuard,
     Guard,
@@ -44,6 +42,7 @@ from ..cells import (
     Ref,
     WithGuard,
     backend,
+    cell_at,
     cells_of,
     original_code,
     read_locals,
@@ -788,21 +787,3 @@ def _covered(code: types.CodeType, offset: int) -> bool:
 
     entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
     return any(e.start <= offset < e.end for e in entries)
-
-
-def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
-    """The cell whose instructions include byte ``offset`` of rewritten ``code``."""
-    found = cell_range(info, code, offset)
-    return found[2] if found is not None else None
-
-
-def cell_range(info: CodeInfo, code: types.CodeType, offset: int
-               ) -> tuple[int, int, Cell, bool] | None:
-    """(start, stop, cell, in its retry copy) of the range holding ``offset``."""
-    if info.ranges is None:
-        back, _ = backend()
-        info.ranges = back.cell_ranges(code) if back is not None else []
-    for found in info.ranges:
-        if found[0] <= offset < found[1]:
-            return found
-    return None

@@ -56,8 +56,10 @@ def _imports() -> None:
         # them, ``bytecode``): a program whose modules came from the code
         # cache has not imported them (~9 ms at the crash)
         from ..cells._rewrite import _core  # noqa: F401
-        from . import _console, _control, _journal, _report, _waiter  # noqa: F401
         from ._events import warm
+        from .human import _console, _report, _waiter  # noqa: F401
+        from .persist import _journal  # noqa: F401
+        from .remote import _control  # noqa: F401
 
         warm()
     except BaseException:  # never into the program: the crash imports them itself

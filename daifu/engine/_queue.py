@@ -40,7 +40,7 @@ class DecisionPatch(Patch):
     #: exception is handed and the decision is taken (the console's ``up``)
     frame: int = 0
     #: "rank": this process alone; "job": every rank of a distributed job
-    #: takes it together (engine/_distributed.py ``agree``)
+    #: takes it together (engine/remote/_distributed.py ``agree``)
     scope: str = "rank"
 
     def summary(self) -> str:

@@ -229,12 +229,10 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         except PatchError as exc:
             # the new code is installed for later calls, and the running call
             # is made again from its caller -- when there is one to make it
-            from ._replace import vaccinated_caller
-
-            up = vaccinated_caller(crash, 0) if crash.frame.f_code.co_name != "<module>" else None
+            up = crash.vaccinated_caller(0) if crash.frame.f_code.co_name != "<module>" else None
             if up is None:
                 raise
-            from ._report import redraws
+            from .human._report import redraws
 
             why = str(exc).removeprefix("reload: ").removesuffix(" (nothing was changed)")
             result.retry_caller = up
@@ -500,7 +498,7 @@ def _caller_to_continue(crash: Crash, files: dict[str, _File], changed: dict[int
 def _why_not_continued(frame: types.FrameType, f: _File) -> int | str:
     """The line where a caller's failing statement -- the call -- is in the
     new source, or why that caller cannot continue in its new code."""
-    from ._guards import cell_range
+    from ..cells import cell_range
 
     info = cells_of(frame.f_code)
     if info is None:

@@ -15,24 +15,6 @@ if TYPE_CHECKING:
     from ._crash import Crash
 
 
-def replace(target: Any, new: Any) -> None:
-    """Give function (or method) ``target`` the code of ``new``.
-
-    Every reference to ``target`` -- module attributes, bound methods, objects
-    holding it -- runs the new code from its next call; the new code runs with
-    ``target``'s globals and closure.  If ``target`` was vaccinated, the new
-    code is vaccinated too.  A call of ``target`` that is running right now
-    keeps its old code: at a crash, a retry then re-executes that call in its
-    nearest vaccinated caller, which calls the new code.  Raises
-    ``PatchError`` when the code cannot be swapped (a builtin, different
-    closure variables).
-    """
-    from ._engine import ENGINE
-    from ._queue import ReplacePatch
-
-    ENGINE.submit(ReplacePatch(target, new))
-
-
 def _function(obj: Any, role: str) -> types.FunctionType:
     if isinstance(obj, (staticmethod, classmethod)) or isinstance(obj, types.MethodType):
         obj = obj.__func__
@@ -82,21 +64,9 @@ def rerun_level(crash: Crash, replaced: tuple[int, str]) -> int:
     (through library frames such as ``Module.__call__``).  Raises
     ``PatchError`` when there is none."""
     level, name = replaced
-    up = vaccinated_caller(crash, level)
+    up = crash.vaccinated_caller(level)
     if up is not None:
         return up
     raise PatchError(f"cannot retry: {name}() was replaced while it runs (frame {level}), and a "
                      "running call keeps its old code; none of its callers is vaccinated to "
                      "call it again (vaccinate the caller with --entry, or skip)")
-
-
-def vaccinated_caller(crash: Crash, level: int) -> int | None:
-    """The level of the nearest vaccinated caller of the frame at ``level``
-    on the crashed stack (library frames between are passed), or None."""
-    from ..cells import cells_of
-
-    frames = crash.frames()
-    for up in range(level + 1, len(frames)):
-        if cells_of(frames[up].f_code) is not None:
-            return up
-    return None

@@ -4,7 +4,8 @@ A forked child inherits the parent's hook and vaccinated code.  A spawned
 child is a fresh interpreter: the parent rewrites its command line so that the
 child first runs ``activate()``, which installs the hook from the inherited
 ``DAIFU_*`` environment, loads the rules files, and vaccinates the parent's
-main script when multiprocessing re-runs it as ``__mp_main__``.
+main script when multiprocessing re-runs it as ``__mp_main__``.  (The
+parent's side, the rewrite of the command line, is ``_install.patch_spawn``.)
 """
 
 from __future__ import annotations
@@ -12,28 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import types
-
-_PREFIX = "import daifu.hooks._child as _daifu_child; _daifu_child.activate(); "
-
-
-def patch_spawn() -> None:
-    """Make multiprocessing's spawn command line activate daifu first."""
-    import multiprocessing.spawn as spawn
-
-    if getattr(spawn.get_command_line, "_daifu", False):
-        return
-    original = spawn.get_command_line
-
-    def get_command_line(**kwds):
-        cmd = original(**kwds)
-        if "-c" in cmd:
-            i = cmd.index("-c") + 1
-            if not cmd[i].startswith(_PREFIX):
-                cmd[i] = _PREFIX + cmd[i]
-        return cmd
-
-    get_command_line._daifu = True  # type: ignore[attr-defined]
-    spawn.get_command_line = get_command_line
 
 
 def activate() -> None:

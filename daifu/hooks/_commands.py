@@ -41,7 +41,7 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def journal(args: list[str]) -> int:
-    from ..engine._journal import default_directory, journals
+    from ..engine.persist._journal import default_directory, journals
 
     if not args:
         found = journals()
@@ -70,7 +70,7 @@ def journal(args: list[str]) -> int:
 
 def _show(path: str) -> int:
     from .._private import open_private
-    from ..engine._journal import JournalError
+    from ..engine.persist._journal import JournalError
 
     try:
         fd = open_private(path, "the journal", JournalError, os.O_RDONLY)
@@ -115,7 +115,7 @@ def _show(path: str) -> int:
 
 def doctor(args: list[str]) -> int:
     """Check what daifu needs; exit 1 if something would keep it from working."""
-    from .. import __version__
+    from .._version import __version__
     from ..cells import backend
 
     problems = 0
@@ -135,13 +135,13 @@ def doctor(args: list[str]) -> int:
         check(True, "bytecode library", getattr(bytecode, "__version__", "?"))
     except ImportError as exc:
         check(False, "bytecode library", str(exc))
-    from ..engine._control import EndpointError, runtime_dir
+    from ..engine.remote._control import EndpointError, runtime_dir
 
     try:
         check(True, "private directory for control sockets", runtime_dir())
     except EndpointError as exc:
         check(False, "private directory for control sockets", str(exc))
-    from ..engine._journal import default_directory, journals
+    from ..engine.persist._journal import default_directory, journals
 
     found = journals()
     size = sum(e.stat(follow_symlinks=False).st_size for e in found)
@@ -168,20 +168,19 @@ def doctor(args: list[str]) -> int:
     return 1 if problems else 0
 
 
-def help_(args: list[str]) -> int:
-    from ._runner import _parser
-
+def help_(args: list[str], print_help: Callable[[], None]) -> int:
+    """``python -m daifu help [COMMAND]`` (``print_help``: the runner's options)."""
     if args and args[0] in USAGE:
         print(USAGE[args[0]])
         return 0
-    _parser().print_help()
+    print_help()
     print("\ncommands:")
     for text in USAGE.values():
         print("  " + text.replace("\n", "\n  "))
     return 0
 
 
-def run(name: str, args: list[str]) -> int:
+def run(name: str, args: list[str], print_help: Callable[[], None]) -> int:
     if _wants_help(args):
         print(USAGE[name])
         return 0
@@ -190,5 +189,6 @@ def run(name: str, args: list[str]) -> int:
     table: dict[str, Callable[[list[str]], int]] = {
         "ps": _remote.ps, "attach": _remote.attach, "send": _remote.send,
         "stacks": _remote.stacks,
-        "journal": journal, "doctor": doctor, "help": help_}
+        "journal": journal, "doctor": doctor,
+        "help": lambda args: help_(args, print_help)}
     return table[name](args)

@@ -15,7 +15,7 @@ An option overrides its variable; a blank variable is unset.
 
 Variables no option sets: ``DAIFU_MAIN`` (the main script, set by the runner,
 so that spawned children vaccinate it), ``DAIFU_PEER_TIMEOUT`` (checked here,
-used by ``engine/_distributed.py``), ``DAIFU_RUNTIME_DIR`` (``engine/_rundir.py``)
+used by ``engine/remote/_distributed.py``), ``DAIFU_RUNTIME_DIR`` (``engine/remote/_rundir.py``)
 and ``DAIFU_PRELOAD`` (``engine/_preload.py``; in ``OPTIONS`` for ``--help``).
 """
 
@@ -367,7 +367,7 @@ class Config:
     journal: str | None = None
     replay: str | None = None
     cache: str = ""
-    #: the emergency checkpoint when a crash is given up (engine/_checkpoint.py)
+    #: the emergency checkpoint when a crash is given up (engine/persist/_checkpoint.py)
     checkpoint: bool = True
     checkpoint_dir: str = ""
     #: seconds SIGTERM waits for the training loop's iteration to finish
@@ -491,8 +491,8 @@ class Config:
         from .._private import check_file
         from ..engine import ENGINE, EngineSettings
         from ..engine._events import rank_unknown_yet
-        from ..engine._journal import Journal, JournalError, Replay, default_path
-        from ..engine._waiter import Waiter
+        from ..engine.human._waiter import Waiter
+        from ..engine.persist._journal import Journal, JournalError, Replay, default_path
         from ._logging import expand_path
 
         journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank

@@ -28,6 +28,30 @@ class Installation:
         self.uninstall()
 
 
+#: what a spawned child runs first (``_child.activate``)
+_PREFIX = "import daifu.hooks._child as _daifu_child; _daifu_child.activate(); "
+
+
+def patch_spawn() -> None:
+    """Make multiprocessing's spawn command line activate daifu first."""
+    import multiprocessing.spawn as spawn
+
+    if getattr(spawn.get_command_line, "_daifu", False):
+        return
+    original = spawn.get_command_line
+
+    def get_command_line(**kwds):
+        cmd = original(**kwds)
+        if "-c" in cmd:
+            i = cmd.index("-c") + 1
+            if not cmd[i].startswith(_PREFIX):
+                cmd[i] = _PREFIX + cmd[i]
+        return cmd
+
+    get_command_line._daifu = True  # type: ignore[attr-defined]
+    spawn.get_command_line = get_command_line
+
+
 def install(modules: str | None = None, entry: str | None = None,
             config: Config | None = None) -> Installation:
     """Put daifu's finder first on ``sys.meta_path`` (replacing an earlier one)."""
@@ -49,10 +73,9 @@ def install(modules: str | None = None, entry: str | None = None,
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
     from ..engine import ENGINE
-    from ..engine._distributed import extend_collective_timeouts
     from ..engine._loaders import record_sent_indices
-    from ..engine._resume import keep_loaders, keep_steps
-    from ._child import patch_spawn
+    from ..engine.persist._resume import keep_loaders, keep_steps
+    from ..engine.remote._distributed import extend_collective_timeouts
 
     def loaders() -> None:
         record_sent_indices()
@@ -66,12 +89,13 @@ def install(modules: str | None = None, entry: str | None = None,
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
                "torch.utils.data.dataloader": loaders,
                # the resume point: the RNG and the loaders' positions at each
-               # optimizer step and the header after it (engine/_resume.py)
+               # optimizer step and the header after it (engine/persist/_resume.py)
                "torch.optim.optimizer": steps,
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
                "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out
-               "torch.distributed.distributed_c10d": lambda: extend_collective_timeouts()}
+               "torch.distributed.distributed_c10d":
+                   lambda: extend_collective_timeouts(lambda: ENGINE.waiters)}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
                           project=cfg.the_project(), explain=cfg.explain)

@@ -1,5 +1,5 @@
 """``python -m daifu ps | attach PID | send PID COMMAND``: reach a job that waits
-on a crash, from another terminal (same user only; see engine/_control.py)."""
+on a crash, from another terminal (same user only; see engine/remote/_control.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import os
 import sys
 import time
 
-from ..engine._break import ARMED_S
-from ..engine._control import (
+from ..engine.human._break import ARMED_S
+from ..engine.remote._control import (
     EndpointError,
     Session,
     list_jobs,
     request,
 )
-from ..engine._rundir import running_jobs
+from ..engine.remote._rundir import running_jobs
 
 #: exit statuses of ``send``
 RESUMED, STILL_WAITING, FAILED, NO_JOB = 0, 1, 2, 3
@@ -47,7 +47,7 @@ def ps(args: list[str]) -> int:
         print("no daifu job is running")
         return 0
     print(f"{'PID':>7}  {'STATE':<8} {'FOR':>7}  WHERE / PROGRAM")
-    from ..engine._jobstore import place
+    from ..engine.remote._jobstore import place
 
     for job in jobs:
         if job["state"] == "waiting":
@@ -71,7 +71,7 @@ def ps(args: list[str]) -> int:
 def _other_nodes(here: list[dict], running: list[dict]) -> list[dict]:
     """The ranks on other nodes of the distributed jobs that have ranks here
     (through each job's store; ``_jobstore``)."""
-    from ..engine._jobstore import JobRanks
+    from ..engine.remote._jobstore import JobRanks
 
     out = []
     for info in {j["job"]: j for j in running if "job" in j and "store" in j}.values():
@@ -137,7 +137,7 @@ def _waiting(pid: int) -> bool:
 
 def pause(pid: int, who: str, timeout: float = 10.0) -> int:
     """``send PID break``: pause a running job at its next statement in a
-    vaccinated frame (``engine/_break.py``); it then waits like a crash
+    vaccinated frame (``engine/human/_break.py``); it then waits like a crash
     (``attach PID``, ``send PID continue``).  Exit status 1: paused and
     waiting."""
     if _waiting(pid):
@@ -208,7 +208,7 @@ def _job_of(pid: int) -> dict:
 
 
 def _send_job(pid: int, text: str) -> int:
-    from ..engine._jobstore import JobRanks, place
+    from ..engine.remote._jobstore import JobRanks, place
 
     try:
         info = _job_of(pid)
@@ -244,7 +244,7 @@ def _send_job(pid: int, text: str) -> int:
 def _send_rank(pid: int, rank: int, text: str) -> int:
     """``send --job PID --rank N COMMAND``: to rank N of PID's job alone (a
     rank-local command, checked there as one), on any node."""
-    from ..engine._jobstore import JobRanks, place
+    from ..engine.remote._jobstore import JobRanks, place
 
     try:
         info = _job_of(pid)
@@ -331,7 +331,7 @@ def attach(args: list[str]) -> int:
 
 def _read_stacks(job: dict, timeout: float = 3.0) -> str | None:
     """Ask a running job for its threads' stacks (``_rundir.serve_stacks``)."""
-    from ..engine._rundir import stacks_path
+    from ..engine.remote._rundir import stacks_path
 
     pid, signum = job["pid"], job.get("stacks_signal")
     if not signum:
@@ -385,7 +385,7 @@ def stacks(args: list[str]) -> int:
             print(f"daifu stacks: job {pid} is not a rank of a distributed job: "
                   "use it without --job", file=sys.stderr)
             return NO_JOB
-        from ..engine._jobstore import JobRanks
+        from ..engine.remote._jobstore import JobRanks
 
         ranks = JobRanks(jobs[pid])
         if ranks.everywhere:  # every rank, on every node, through the job's store
@@ -421,8 +421,8 @@ def stacks(args: list[str]) -> int:
 def _stacks_everywhere(ranks) -> int:
     """``stacks --job`` through the job's store: every rank's threads and last
     collectives, then what is out of step (``engine/_doctor``)."""
-    from ..engine._doctor import diagnose, render
-    from ..engine._jobstore import place
+    from ..engine.remote._doctor import diagnose, render
+    from ..engine.remote._jobstore import place
 
     answers = ranks.stacks()
     for rank, answer in sorted(answers.items()):

@@ -20,9 +20,9 @@ import sys
 import types
 import warnings
 
-from .. import __version__
 from .._errors import ConfigError, NotVaccinatedWarning
 from .._runtime import RUNTIME
+from .._version import __version__
 from ..engine._crash import is_plumbing
 from . import _logging
 from ._config import BY_FLAG, OPTIONS, Config, variables_help
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in COMMANDS:  # `./ps` runs a script called ps
         from ._commands import run
 
-        raise SystemExit(run(argv[0], argv[1:]))
+        raise SystemExit(run(argv[0], argv[1:], lambda: _parser().print_help()))
     options, script, module, args = _split_argv(argv)
     ns: Any = None  # argparse's namespace (argparse only when there is something to parse)
     if options:
@@ -213,9 +213,10 @@ def main(argv: list[str] | None = None) -> None:
         # in a rank of a distributed job: the launcher ends the peers of a failed
         # rank with SIGTERM while they wait in a collective, where no Python
         # handler can run -- they must die at once, as without daifu
-        from ..engine import _preempt
+        from ..engine import ENGINE
+        from ..engine.persist import _preempt
 
-        _preempt.install(cfg.grace)
+        _preempt.install(ENGINE, cfg.grace)
     if cfg.explain:
         _explain(script, module, cfg)
     load_fixes(cfg.fixes, fatal=True)
@@ -277,14 +278,14 @@ def _register_job(script, module, args, cfg) -> None:
     """A job file for ``python -m daifu ps`` (removed at exit)."""
     import time
 
-    from ..engine._rundir import register_job, unregister_job
+    from ..engine.remote._rundir import register_job, unregister_job
 
     program = [script] if script is not None else ["-m", module]
     import threading
 
-    from ..engine._break import serve_break
     from ..engine._events import job_file_info
-    from ..engine._rundir import serve_stacks
+    from ..engine.human._break import serve_break
+    from ..engine.remote._rundir import serve_stacks
 
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],

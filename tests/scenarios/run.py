@@ -127,7 +127,7 @@ def _stamp(event: dict) -> float:
 
 
 def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> list[dict]:
-    from daifu.engine._control import request
+    from daifu.engine.remote._control import request
 
     sock = Path(os.environ.get("DAIFU_RUNTIME_DIR", "")) / f"{proc.pid}.sock"
     replies = []
@@ -155,7 +155,7 @@ def _run_rank_session(proc: subprocess.Popen, lines: list[str], timeout: float,
     """A session with a distributed job: once ``waiting`` ranks wait on a
     crash (and ``delay`` seconds more), each line goes to the first waiting
     rank, or -- ``job: COMMAND`` -- to every waiting rank (``send --job``)."""
-    from daifu.engine._control import list_jobs, request, send_to_ranks
+    from daifu.engine.remote._control import list_jobs, request, send_to_ranks
 
     deadline = time.monotonic() + timeout
     while True:

@@ -19,18 +19,18 @@ import sys
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from .._errors import PatchError
-from .._runtime import RUNTIME
-from ..cells import read_locals
-from . import _events
-from ._crash import is_library, library_package
-from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
-from ._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
+from ..._errors import PatchError
+from ..._runtime import RUNTIME
+from ...cells import read_locals
+from .. import _events
+from .._crash import is_library, library_package
+from .._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
+from .._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
 from ._report import build as build_report
 from ._report import redraws, running_line, running_lines, shown_where, summarize
 
 if TYPE_CHECKING:
-    from ._crash import Crash
+    from .._crash import Crash
 
 HELP = """\
 Commands (the crashed frame waits; nothing runs until you resume it):
@@ -575,7 +575,7 @@ class Console(cmd.Cmd):
     def _job_ranks(self):
         """(the job's ranks, the *other* ranks that wait on a crash, every
         rank's status that answered), or None outside a distributed job."""
-        from ._jobstore import JobRanks
+        from ..remote._jobstore import JobRanks
 
         info = _events.job_file_info()
         if info.get("job") is None:
@@ -591,7 +591,7 @@ class Console(cmd.Cmd):
 
     def do_ranks(self, arg: str) -> bool:
         """ranks: the job's ranks that wait on a crash (on every node, through the job's store)"""
-        from ._jobstore import place
+        from ..remote._jobstore import place
 
         found = self._job_ranks()
         if found is None:
@@ -615,7 +615,7 @@ class Console(cmd.Cmd):
 
     def do_rank(self, arg: str) -> bool:
         """rank N: talk to rank N's crash (``back`` returns here)"""
-        from ._control import EndpointError
+        from ..remote._control import EndpointError
 
         found = self._job_ranks()
         if found is None:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from queue import Queue
 from typing import Any
 
-from .._record import field, record
+from ..._record import field, record
 from ._rundir import (  # noqa: F401 - re-exported: where sockets live
     RUNTIME_ENV,
     EndpointError,

@@ -42,13 +42,16 @@ _handling = False
 _done = threading.Lock()
 #: the process that installed the handler
 _pid = -1
+#: the engine (its ``checkpoint_dir`` and ``checkpoints``), given at ``install``
+_engine: Any = None
 _fork_hook = False
 
 
-def install(grace: float = DEFAULT_GRACE_S) -> bool:
-    """Handle SIGTERM (main thread only; not over a handler the program set)."""
-    global _grace, _pid
-    _grace, _pid = grace, os.getpid()
+def install(engine: Any, grace: float = DEFAULT_GRACE_S) -> bool:
+    """Handle SIGTERM (main thread only; not over a handler the program set):
+    save into ``engine.checkpoint_dir``, and add the file to ``engine.checkpoints``."""
+    global _grace, _pid, _engine
+    _grace, _pid, _engine = grace, os.getpid(), engine
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
@@ -132,7 +135,7 @@ def _die() -> None:
 
 def _loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int]] | None:
     """The outermost vaccinated frame running a loop, and its loop-header lines."""
-    from ..cells import cells_of
+    from ...cells import cells_of
 
     found = None
     while frame is not None:
@@ -147,10 +150,10 @@ def _loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int
 
 def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int]] | None:
     """The frame running the training-step loop (the loop around the
-    program's ``optimizer.step()`` call: ``engine/_resume.py``), of any kind,
+    program's ``optimizer.step()`` call: ``engine/persist/_resume.py``), of any kind,
     vaccinated or not, and the lines that start its next iteration: a
     gradient-accumulation loop inside it is not it."""
-    from ..cells import original_code
+    from ...cells import original_code
     from ._resume import KEEPER
 
     try:
@@ -168,15 +171,15 @@ def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType
 
 
 def _save(frame: types.FrameType | None, state: str) -> None:
-    from ..cells import read_locals
+    from ...cells import read_locals
+    from .._events import CheckpointFailed, CheckpointSaved, emit
     from ._checkpoint import CheckpointError, save
-    from ._engine import ENGINE
-    from ._events import CheckpointFailed, CheckpointSaved, emit
+    from ._resume import KEEPER
 
     where = (f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?")
     try:
-        done = save(frame, where, None, ENGINE.checkpoint_dir, read_locals=read_locals,
-                    extra={"reason": "SIGTERM", "state": state})
+        done = save(frame, where, None, _engine.checkpoint_dir, read_locals=read_locals,
+                    extra={"reason": "SIGTERM", "state": state}, point=KEEPER)
     except CheckpointError as exc:
         emit(CheckpointFailed(where=where, reason=str(exc)))
         return
@@ -184,7 +187,7 @@ def _save(frame: types.FrameType | None, state: str) -> None:
         emit(CheckpointFailed(where=where, reason=f"internal error: {type(exc).__name__}: {exc}"))
         return
     if done is not None:
-        ENGINE.checkpoints.append(done["path"])
+        _engine.checkpoints.append(done["path"])
         emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
                              seconds=round(done["seconds"], 3), objects=done["objects"],
                              position={**done["position"], "state": state},

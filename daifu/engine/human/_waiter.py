@@ -14,10 +14,9 @@ import sys
 import threading
 import time
 
-from ._crash import exception_text
-from ._decision import ABORT, Decision
-from ._engine import PASSED_ON
-from ._events import (
+from .._crash import exception_text
+from .._decision import ABORT, PASSED_ON, Decision
+from .._events import (
     CrashReport,
     CrashWaiting,
     InternalError,
@@ -28,14 +27,14 @@ from ._events import (
     logs_to_terminal,
     tell,
 )
-from ._queue import DecisionPatch
+from .._queue import DecisionPatch
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 
 if TYPE_CHECKING:
-    from ._control import ControlServer
-    from ._crash import Crash
-    from ._engine import Engine
+    from .._crash import Crash
+    from .._engine import Engine
+    from ..remote._control import ControlServer
 
 # The report, console and control endpoint (cmd, socket, json, ...) are
 # imported when a crash first waits for a human, not at start-up.
@@ -55,7 +54,7 @@ class JobConsole:
     exits, however it exits)."""
 
     def __init__(self) -> None:
-        from ._rundir import runtime_dir
+        from ..remote._rundir import runtime_dir
 
         job = str(distributed().get("job") or "job").replace("/", "_")
         self.path = os.path.join(runtime_dir(), f"console-{job}.lock")
@@ -245,7 +244,7 @@ class Waiter:
         emit(NotifySent(where=crash.where, command=self.notify))
 
     def _open(self, status, report, local: bool) -> ControlServer | None:
-        from ._control import ControlServer, EndpointError
+        from ..remote._control import ControlServer, EndpointError
 
         server = ControlServer(status, report, console_is_local=local)
         try:

@@ -48,9 +48,6 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-#: the checkpoint format this daifu writes (``daifu.resume`` reads it and
-#: every older one; a newer one is refused with a clear message)
-FORMAT = 1
 
 _N = 624  # Mersenne Twister words
 
@@ -213,7 +210,7 @@ class Keeper:
     def _find_own(self) -> None:
         """The generators the program holds itself (``_own_generators``),
         looked for at the first steps and every ``_FIND_EVERY`` after."""
-        from ..cells import read_locals
+        from ...cells import read_locals
 
         scopes: list[dict[str, Any]] = []
         frame: Any = sys._getframe(2)
@@ -472,7 +469,7 @@ def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int, int] | 
     body's first line)."""
     import dis
 
-    from ..cells import original_code
+    from ...cells import original_code
 
     for code, lasti in site:
         line = None
@@ -660,8 +657,8 @@ _KINDS = ("modules", "optimizers", "schedulers", "scalers")
 def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any]:
     """Restore a checkpoint daifu wrote into the running program; returns
     the position to go on from (see ``daifu.resume``)."""
-    from .. import __version__
-    from ._checkpoint import load_checkpoint, restore_rng
+    from ..._version import __version__
+    from ._checkpoint import FORMAT, load_checkpoint, restore_rng
 
     try:
         ck = load_checkpoint(path, map_location=map_location)

@@ -31,7 +31,7 @@ import time
 import types
 from typing import Any
 
-from .._private import check_private
+from ..._private import check_private
 
 #: state above this size is announced with an estimate before the save
 LARGE_BYTES = 1 << 30
@@ -41,6 +41,11 @@ WRITE_BYTES_PER_S = 500e6
 
 class CheckpointError(Exception):
     """The checkpoint could not be written (the message says why, in one line)."""
+
+
+#: the checkpoint format this daifu writes (``daifu.resume`` reads it and
+#: every older one; a newer one is refused with a clear message)
+FORMAT = 1
 
 
 def default_directory() -> str:
@@ -132,7 +137,7 @@ def _frames(frame: types.FrameType | None) -> list[types.FrameType]:
 
 
 def _has_loop(code: types.CodeType) -> bool:
-    from ..cells import original_code
+    from ...cells import original_code
 
     # (the original code: a vaccinated one has jumps back of its own; a
     # ``while`` loop has no loop-header cell)
@@ -257,15 +262,18 @@ def _nbytes(state: Any) -> int:
 
 def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
          directory: str | None = None, path: str | None = None, read_locals=None,
-         say=None, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+         say=None, extra: dict[str, Any] | None = None, point: Any = None
+         ) -> dict[str, Any] | None:
     """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
     "objects", "position"}``, or None when there is nothing to save.  Raises
-    ``CheckpointError`` (nothing written) when it cannot be written."""
+    ``CheckpointError`` (nothing written) when it cannot be written.
+    ``point``: the resume point (``_resume.KEEPER``), or None for the RNG as
+    it is now and no loader positions."""
     found = collect(frame, read_locals)
     if found is None:
         return None
     torch = sys.modules["torch"]
-    from .. import __version__
+    from ..._version import __version__
 
     objects = found["objects"]
     state: dict[str, Any] = {}
@@ -278,19 +286,17 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
                 state[kind][name] = None
                 if say is not None:
                     say(f"{kind} {name}: state_dict() failed: {type(exc).__name__}: {exc}")
-    from ._resume import FORMAT, KEEPER
-
     # the RNG and the loaders as they were at the start of the iteration to
     # resume (``_resume``: the last optimizer step or loader header since);
     # as they are now where no step was taken yet
-    kept = KEEPER.rng()
+    kept = point.rng() if point is not None else None
     state["rng"] = kept if kept is not None else _rng(torch)
-    state["rng_at"] = KEEPER.at if kept is not None else "save"
-    state["loaders"] = {name: KEEPER.loader_state(loader) or {"batches": None}
-                        for name, loader in found["loaders"].items()}
-    state["loop"] = KEEPER.loop()
+    state["rng_at"] = point.at if kept is not None else "save"
+    state["loaders"] = {name: (point.loader_state(loader) if point is not None else None)
+                        or {"batches": None} for name, loader in found["loaders"].items()}
+    state["loop"] = point.loop() if point is not None else None
     # the program's own generators (``env._np_random``, ``dataset.rng``)
-    state["generators"] = KEEPER.generators() if kept is not None else {}
+    state["generators"] = point.generators() if kept is not None else {}
     state["format"] = FORMAT
     state["position"] = found["position"]
     state["where"] = where
@@ -366,7 +372,7 @@ def _file_name() -> str:
     directory (a container's pids repeat another's: pid 1 in each)."""
     import socket
 
-    from ._events import distributed
+    from .._events import distributed
 
     main = sys.modules.get("__main__")
     stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]

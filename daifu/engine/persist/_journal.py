@@ -19,21 +19,21 @@ import time
 import warnings
 import weakref
 
-from .. import _record
-from .. import cells as _registry  # (the loaded-files registry: get, files, record)
-from .._errors import DaifuWarning
-from .._private import check_private, open_private
-from ._crash import exception_text
-from ._decision import Decision
-from ._events import Event, distributed, emit, event, placeholders, rank_unknown_yet
-from ._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
+from ... import _record
+from ... import cells as _registry  # (the loaded-files registry: get, files, record)
+from ..._errors import DaifuWarning
+from ..._private import check_private, open_private
+from .._crash import exception_text
+from .._decision import Decision
+from .._events import Event, distributed, emit, event, placeholders, rank_unknown_yet
+from .._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._crash import Crash
-    from ._engine import Engine
+    from .._crash import Crash
+    from .._engine import Engine
 
 
 _DISTRIBUTED = distributed()

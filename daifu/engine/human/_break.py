@@ -62,8 +62,17 @@ def is_break(exc: BaseException) -> bool:
 
 
 _lock = threading.Lock()
+#: given by the engine when it starts (``wire``): is this thread inside
+#: daifu's own handling? and the fast path's switches (``_guards.passing``)
+_wired: dict[str, Any] = {"busy": lambda: False, "passing": None}
 _armed: list[types.FrameType] = []  # frames given an f_trace (cleared when disarmed)
 _state: dict[str, Any] = {"armed": False, "until": 0.0}
+
+
+def wire(busy: Any, passing: list) -> None:
+    """What ``break`` needs of the engine: ``busy()`` (this thread is inside
+    daifu's own handling) and its fast path's switches (``passing``)."""
+    _wired.update(busy=busy, passing=passing)
 
 
 def serve_break() -> int | None:
@@ -101,9 +110,9 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
 
 def arm(frame: types.FrameType | None) -> None:
     """Pause at the next statement of a vaccinated frame of this thread."""
-    from ..cells import cells_of
-    from ._guards import passing
+    from ...cells import cells_of
 
+    passing = _wired["passing"]
     with _lock:
         _state["armed"] = True
         _state["until"] = time.monotonic() + ARMED_S
@@ -150,7 +159,7 @@ def _expired() -> bool:
 
 
 def _global(frame: types.FrameType, event: str, arg: Any):
-    from ..cells import cells_of
+    from ...cells import cells_of
 
     if _expired():
         return None
@@ -171,11 +180,9 @@ def _local(frame: types.FrameType, event: str, arg: Any):
 
 
 def _at_a_statement_start(frame: types.FrameType) -> bool:
-    from ..cells import cells_of
-    from ._engine import ENGINE
-    from ._guards import cell_range
+    from ...cells import cell_range, cells_of
 
-    if getattr(ENGINE._tls, "busy", False):
+    if _wired["busy"]():
         return False  # inside daifu's own handling (a rule calling the program)
     info = cells_of(frame.f_code)
     if info is None:

@@ -133,7 +133,7 @@ class _Drops:
                 return
             self._last[kind], self._held[kind] = now, 0
         try:
-            from ._events import StoreDropped, emit
+            from .._events import StoreDropped, emit
 
             emit(StoreDropped(key=key, reason=reason, count=count))
         except Exception:
@@ -214,7 +214,7 @@ class Relay(threading.Thread):
             self._stopping.wait(pause)
             pause = min(pause * 2, _REACH_PAUSE_S)
         if reason and not self._stopping.is_set():
-            from ._events import RelayUnavailable, emit
+            from .._events import RelayUnavailable, emit
 
             emit(RelayUnavailable(store=f"{self.addr}:{self.port}", reason=reason))
         return None
@@ -445,7 +445,7 @@ def _answer(message: dict, rank: int) -> dict:
 
 
 def _running() -> dict:
-    from ._events import distributed
+    from .._events import distributed
 
     return {"state": "running", "argv": sys.argv[:], "cwd": os.getcwd(),
             "started": _STARTED, **distributed()}
@@ -472,7 +472,7 @@ def stacks(limit: int = 12) -> dict:
     print them) and its last collectives (PyTorch's flight recorder)."""
     import traceback
 
-    from ._crash import _installed, is_plumbing
+    from .._crash import _installed, is_plumbing
 
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
@@ -497,11 +497,22 @@ def stacks(limit: int = 12) -> dict:
     return out
 
 
+def flight_recorder_off() -> bool:
+    """PyTorch's flight recorder keeps each rank's recent collectives (2000 by
+    default); the user can turn it off with ``TORCH_FR_BUFFER_SIZE=0``."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value) <= 0
+            except ValueError:
+                return False
+    return False
+
+
 def collectives(limit: int = 12) -> list[dict] | None:
     """The last ``limit`` collectives of each process group, as PyTorch's
     flight recorder has them (None when it is off or unavailable)."""
-    from ._distributed import flight_recorder_off
-
     if flight_recorder_off():
         return None
     try:
@@ -542,7 +553,7 @@ def start_relay() -> None:
     (``relay.unavailable``), not first when someone sends it a command."""
     if _relay or not enabled():
         return
-    from ._events import RelayUnavailable, emit, job_file_info
+    from .._events import RelayUnavailable, emit, job_file_info
 
     where: dict = {}
     try:

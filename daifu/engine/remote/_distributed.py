@@ -33,33 +33,20 @@ import sys
 import threading
 import time
 
-from ._decision import CONTINUE, RETRY, SKIP, Decision
+from .._decision import CONTINUE, RETRY, SKIP, Decision
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     import ast
     from typing import Any
 
-    from ._crash import Crash
+    from .._crash import Crash
 
 #: how long a rank waits for its peers to take the same job decision (s),
 #: unless ``DAIFU_AGREE_TIMEOUT`` says otherwise
 AGREE_TIMEOUT_S = 30.0
 #: the peers' extra collective timeout while a console may wait (s)
 _DAY = 86400.0
-
-
-def flight_recorder_off() -> bool:
-    """PyTorch's flight recorder keeps each rank's recent collectives (2000 by
-    default); the user can turn it off with ``TORCH_FR_BUFFER_SIZE=0``."""
-    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        value = os.environ.get(name)
-        if value is not None:
-            try:
-                return int(value) <= 0
-            except ValueError:
-                return False
-    return False
 
 
 def active() -> bool:
@@ -83,18 +70,17 @@ def _group():
 # -- peers survive a slow fix -------------------------------------------------------
 
 
-def peer_timeout_s() -> float:
-    """How much longer a collective must wait for a rank that waits for a fix."""
+def peer_timeout_s(waiters: Any = ()) -> float:
+    """How much longer a collective must wait for a rank that waits for a fix
+    (``waiters``: the engine's, a person or a control endpoint)."""
     env = os.environ.get("DAIFU_PEER_TIMEOUT")
     if env is not None:
         try:
             return max(0.0, float(env))
         except ValueError:
             pass
-    from . import ENGINE
-
     longest = 0.0
-    for waiter in ENGINE.waiters:
+    for waiter in waiters:
         wait = getattr(waiter, "wait_s", 0.0)
         if getattr(waiter, "console", False) or wait is None:
             return _DAY
@@ -102,9 +88,10 @@ def peer_timeout_s() -> float:
     return longest + 60.0 if longest else 0.0
 
 
-def extend_collective_timeouts() -> None:
+def extend_collective_timeouts(waiters: Any) -> None:
     """Patch ``torch.distributed.distributed_c10d`` (once it is imported): every
-    process group is created with its timeout plus ``peer_timeout_s()``."""
+    process group is created with its timeout plus ``peer_timeout_s()`` for
+    the engine's waiters then (``waiters()``)."""
     c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
     helper = getattr(c10d, "_new_process_group_helper", None)
     if helper is None or getattr(helper, "_daifu_extended", False):
@@ -118,10 +105,10 @@ def extend_collective_timeouts() -> None:
         import datetime
 
         timeout = kwargs.get("timeout")
-        extra = peer_timeout_s()
+        extra = peer_timeout_s(waiters())
         if extra and isinstance(timeout, datetime.timedelta):
             kwargs["timeout"] = timeout + datetime.timedelta(seconds=extra)
-            from ._events import TimeoutExtended, emit
+            from .._events import TimeoutExtended, emit
 
             emit(TimeoutExtended(group=str(kwargs.get("group_desc") or ""),
                                  timeout_s=timeout.total_seconds(),
@@ -155,6 +142,8 @@ def _collectives() -> list[dict[str, Any]] | None:
     """This rank's recent collectives issued by this thread, oldest first;
     None when the flight recorder is off."""
     try:
+        from ._jobstore import flight_recorder_off
+
         if flight_recorder_off():
             return None
         import pickle
@@ -454,9 +443,8 @@ def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
     it cannot be read."""
     import ast
 
-    from ..cells import _registry
-    from ..cells._cell import cells_of, original_code
-    from ..cells._source import ModuleSource, source_for_file
+    from ...cells import _registry, cells_of, original_code
+    from ...cells._source import ModuleSource, source_for_file
 
     try:
         code = crash.frame.f_code
@@ -615,7 +603,7 @@ def _key() -> bytes:
 
 
 def _job() -> str:
-    from ._events import distributed
+    from .._events import distributed
 
     return str(distributed().get("job") or "")
 
@@ -813,7 +801,7 @@ def agree(decision: Decision, crash: Crash) -> None:
     """Wait until every rank of the job takes ``decision`` at the same crash;
     raise ``PatchError`` with the reason when they do not (in time), or when
     one of them cannot take it (``_job_reason``)."""
-    from .._errors import PatchError
+    from ..._errors import PatchError
     from ._seal import SealError
 
     group = _group()

@@ -20,13 +20,13 @@ import traceback
 import types
 from typing import TYPE_CHECKING, Any
 
-from .. import cells as _registry
-from .._record import field, record
-from ._crash import _installed, exception_text, is_plumbing, library_package
-from ._events import distributed
+from ... import cells as _registry
+from ..._record import field, record
+from .._crash import _installed, exception_text, is_plumbing, library_package
+from .._events import distributed
 
 if TYPE_CHECKING:
-    from ._crash import Crash
+    from .._crash import Crash
 
 _MUTATING_METHODS = frozenset({
     "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
@@ -234,10 +234,8 @@ def options(crash: Crash) -> list[str]:
 
 
 def _vaccinated_caller_level(crash: Crash) -> int | None:
-    from ._replace import vaccinated_caller
-
     try:
-        return vaccinated_caller(crash, 0)
+        return crash.vaccinated_caller(0)
     except Exception:
         return None
 
@@ -308,7 +306,7 @@ def _lookup(expr, names: dict, globals_: dict) -> Any:
 
 
 def read_locals_safe(frame: types.FrameType) -> dict:
-    from ..cells import read_locals
+    from ...cells import read_locals
 
     try:
         return read_locals(frame)
@@ -436,13 +434,12 @@ def done_before(crash: Crash) -> list[str]:
 
 
 def _done_before(code: types.CodeType, lasti: int) -> list[str]:
-    from ..cells import cells_of
-    from ._guards import cell_range
+    from ...cells import cell_range, cells_of
 
     info = cells_of(code)
     if info is None:
         return []
-    from ..cells import backend
+    from ...cells import backend
 
     back, _ = backend()
     if back is None:
