@@ -37,10 +37,11 @@ from .engine import (
     SKIP,
     Crash,
     Decision,
+    Rule,
+    Where,
     all_ranks,
     replace,
 )
-from .engine._rules import Rule, Where
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def vaccinate(fn: F) -> F:
 
 
 def _engine_for_plain_python() -> None:
-    from .hooks._install import ensure_engine
+    from .hooks import ensure_engine
 
     try:
         ensure_engine()
@@ -104,8 +105,8 @@ def install(modules: str | None = None, entry: str | None = None) -> Any:
     """Install the import hook for modules matching ``modules`` (default
     ``DAIFU_MODULES``).  Returns a handle; ``handle.uninstall()`` or use it as
     a context manager."""
+    from .hooks import ensure_engine
     from .hooks import install as _install
-    from .hooks._install import ensure_engine
 
     handle = _install(modules=modules, entry=entry)
     ensure_engine()
@@ -115,14 +116,14 @@ def install(modules: str | None = None, entry: str | None = None) -> Any:
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext daifu`` in IPython or Jupyter: the code of every cell run
     from now on is vaccinated (see ``daifu.hooks._ipython``)."""
-    from .hooks._ipython import load_ipython_extension as load
+    from .hooks import load_ipython_extension as load
 
     load(ip)
 
 
 def unload_ipython_extension(ip: Any) -> None:
     """``%unload_ext daifu``: cells run from now on are not vaccinated."""
-    from .hooks._ipython import unload_ipython_extension as unload
+    from .hooks import unload_ipython_extension as unload
 
     unload(ip)
 
@@ -152,22 +153,18 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     written by a newer daifu, or does not hold what was passed; and when an
     object's ``load_state_dict`` refuses its state (the objects before it
     were loaded; the RNG and the loaders not touched)."""
-    from .engine.persist._resume import resume as _resume
+    from .engine import resume as _resume
 
     return _resume(path, map_location=map_location, **objects)
 
 
 def __getattr__(name: str) -> Any:
-    """``load_checkpoint`` and ``restore_rng`` (``engine/persist/_checkpoint.py``):
+    """``load_checkpoint``, ``restore_rng`` and ``ResumeError`` (``engine.persist``):
     imported on first use, not at every start of every job."""
-    if name in ("load_checkpoint", "restore_rng"):
-        from .engine.persist import _checkpoint
+    if name in ("load_checkpoint", "restore_rng", "ResumeError"):
+        from . import engine
 
-        return getattr(_checkpoint, name)
-    if name == "ResumeError":
-        from .engine.persist._resume import ResumeError
-
-        return ResumeError
+        return getattr(engine, name)
     raise AttributeError(f"module 'daifu' has no attribute {name!r}")
 
 

@@ -1,6 +1,6 @@
 """``python -m daifu``: see ``daifu.hooks._runner``."""
 
-from daifu.hooks._runner import main
+from daifu.hooks import main
 
 if __name__ == "__main__":
     main()

@@ -124,6 +124,24 @@ def test_the_wings_do_not_import_the_engine_core():
     assert reached == set()
 
 
+def test_packages_meet_through_their_init_only():
+    """What hooks, cells, engine and ``daifu`` use of each other is named in
+    the package's ``__init__``: no import of another package's underscore
+    module (``daifu.engine.persist._journal`` from hooks)."""
+    graph = _graph()
+
+    def package(module: str) -> str:
+        return module.split(".")[1] if module.count(".") else ""
+
+    reached = []
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            if package(module) != package(imported) and any(
+                    part.startswith("_") for part in imported.split(".")[2:]):
+                reached.append(f"{module} -> {imported}")
+    assert sorted(reached) == []
+
+
 def _functions() -> list[tuple[str, str, int]]:
     out = []
     for folder, _, names in os.walk(os.path.join(ROOT, "daifu")):

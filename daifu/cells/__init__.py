@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
+from ._cell import _INFOS as INFOS
 from ._cell import (
     CONTINUE_CODE,
+    MISSING,
     RAISE_CODE,
     RETRY_CODE,
     SKIP_CODE,
@@ -21,6 +23,7 @@ from ._cell import (
     ExceptGuard,
     FinallyGuard,
     Guard,
+    IdentityMemo,
     OpaqueGuard,
     Ref,
     WithGuard,
@@ -34,8 +37,8 @@ from ._cell import (
     route_catch,
 )
 from ._context import FrameContext, read_locals
-from ._dispatch import backend, cell_at, cell_range
-from ._lazy import original_code
+from ._dispatch import SUPPORTED, backend, cell_at, cell_range
+from ._lazy import original_code, pending_of, use_dynamo
 from ._registry import LoadedFile, files, forget, get, record, target_files
 from ._transform import (
     Report,
@@ -54,7 +57,21 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
+def load_rewrite() -> None:
+    """Import the rewrite now (what vaccinating the first function imports),
+    so that the first crash does not wait for it (``engine._preload``)."""
+    from ._rewrite import _core  # noqa: F401
+
+
 __all__ = [
+    "INFOS",
+    "MISSING",
+    "SUPPORTED",
+    "IdentityMemo",
+    "load_rewrite",
+    "pending_of",
+    "trace_original",
+    "use_dynamo",
     "CONTINUE_CODE",
     "RAISE_CODE",
     "RETRY_CODE",
@@ -113,9 +130,11 @@ __all__ = [
 #: names imported on first use, by module (``ast``, ``tokenize``, ``ctypes``
 #: are not for start-up)
 _LAZY = {"ModuleSource": "_source", "contains": "_source", "entry_role": "_source",
+         "trace_original": "_dynamo",
          "map_statement": "_source", "source_for_file": "_source", "set_const": "_consts"}
 if TYPE_CHECKING:
     from ._consts import set_const
+    from ._dynamo import trace_original
     from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
 
 

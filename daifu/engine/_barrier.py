@@ -9,8 +9,8 @@ import threading
 import types
 from collections.abc import Callable
 
+from ..cells import INFOS as _INFOS
 from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
-from ..cells._cell import _INFOS
 from ._engine import ENGINE
 from ._guards import ROUTES, caught_above, passing, remember_route, take_passing
 from ._signals import deliver, hold, release
@@ -46,7 +46,7 @@ def entry() -> Callable:
         check = "in Python: a free-threaded build"
     else:
         try:
-            from . import _routes  # type: ignore[attr-defined]
+            from . import _routes  # type: ignore[attr-defined,unused-ignore]  # (C)
         except ImportError:
             check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
         else:

@@ -35,9 +35,11 @@ from collections.abc import Container
 
 from .._runtime import RUNTIME
 from ..cells import (
+    MISSING,
     ExceptGuard,
     FinallyGuard,
     Guard,
+    IdentityMemo,
     OpaqueGuard,
     Ref,
     WithGuard,
@@ -48,7 +50,6 @@ from ..cells import (
     read_locals,
     route_catch,
 )
-from ..cells._cell import MISSING, IdentityMemo
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:

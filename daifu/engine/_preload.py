@@ -55,7 +55,9 @@ def _imports() -> None:
         # the bytecode readers the search for a handler uses (and, with
         # them, ``bytecode``): a program whose modules came from the code
         # cache has not imported them (~9 ms at the crash)
-        from ..cells._rewrite import _core  # noqa: F401
+        from ..cells import load_rewrite
+
+        load_rewrite()
         from ._events import warm
         from .human import _console, _report, _waiter  # noqa: F401
         from .persist import _journal  # noqa: F401

@@ -51,7 +51,7 @@ _csignals: types.ModuleType | None = None
 if os.environ.get("DAIFU_SPEEDUPS", "1") != "0" \
         and getattr(sys, "_is_gil_enabled", lambda: True)() is not False:
     try:  # (not on a free-threaded build: the module keeps its state under the GIL)
-        from . import _csignals  # type: ignore[attr-defined,no-redef]
+        from . import _csignals  # type: ignore[attr-defined,no-redef,unused-ignore]  # (C)
     except ImportError:  # (not built: no C compiler at install)
         pass
 

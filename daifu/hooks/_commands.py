@@ -41,7 +41,8 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def journal(args: list[str]) -> int:
-    from ..engine.persist._journal import default_directory, journals
+    from ..engine import journal_directory as default_directory
+    from ..engine import journals
 
     if not args:
         found = journals()
@@ -70,7 +71,7 @@ def journal(args: list[str]) -> int:
 
 def _show(path: str) -> int:
     from .._private import open_private
-    from ..engine.persist._journal import JournalError
+    from ..engine import JournalError
 
     try:
         fd = open_private(path, "the journal", JournalError, os.O_RDONLY)
@@ -135,13 +136,14 @@ def doctor(args: list[str]) -> int:
         check(True, "bytecode library", getattr(bytecode, "__version__", "?"))
     except ImportError as exc:
         check(False, "bytecode library", str(exc))
-    from ..engine.remote._control import EndpointError, runtime_dir
+    from ..engine import EndpointError, runtime_dir
 
     try:
         check(True, "private directory for control sockets", runtime_dir())
     except EndpointError as exc:
         check(False, "private directory for control sockets", str(exc))
-    from ..engine.persist._journal import default_directory, journals
+    from ..engine import journal_directory as default_directory
+    from ..engine import journals
 
     found = journals()
     size = sum(e.stat(follow_symlinks=False).st_size for e in found)

@@ -489,10 +489,16 @@ class Config:
         import sys
 
         from .._private import check_file
-        from ..engine import ENGINE, EngineSettings
-        from ..engine._events import rank_unknown_yet
-        from ..engine.human._waiter import Waiter
-        from ..engine.persist._journal import Journal, JournalError, Replay, default_path
+        from ..engine import (
+            ENGINE,
+            EngineSettings,
+            Journal,
+            JournalError,
+            Replay,
+            Waiter,
+            rank_unknown_yet,
+        )
+        from ..engine import journal_path as default_path
         from ._logging import expand_path
 
         journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank

@@ -19,7 +19,7 @@ from types import CodeType
 
 from .._errors import NotVaccinatedWarning, TransformError
 from ..cells import Selection, options, vaccinate_loaded, vaccinate_source
-from ..engine._events import ModuleVaccinated, emit
+from ..engine import ModuleVaccinated, emit
 from ._patterns import ModuleMatcher
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)

@@ -64,7 +64,7 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.validate()
     cfg.apply()
     uninstall()
-    from ..cells._lazy import use_dynamo
+    from ..cells import use_dynamo
 
     # patched now if the program imported them, else when it does (never
     # import multiprocessing or torch for a program that does not use them):
@@ -72,10 +72,13 @@ def install(modules: str | None = None, entry: str | None = None,
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
-    from ..engine import ENGINE
-    from ..engine._loaders import record_sent_indices
-    from ..engine.persist._resume import keep_loaders, keep_steps
-    from ..engine.remote._distributed import extend_collective_timeouts
+    from ..engine import (
+        ENGINE,
+        extend_collective_timeouts,
+        keep_loaders,
+        keep_steps,
+        record_sent_indices,
+    )
 
     def loaders() -> None:
         record_sent_indices()
@@ -104,15 +107,15 @@ def install(modules: str | None = None, entry: str | None = None,
         if name not in later:
             patch()
     _vaccinate_imported(cfg)
-    from ..engine import _preload, _signals
+    from ..engine import hold_signals, start_preload
 
-    _signals.install()  # the program's signal handlers never run in daifu's code
-    _preload.start()  # what the first crash imports, a few seconds from now
+    hold_signals()  # the program's signal handlers never run in daifu's code
+    start_preload()  # what the first crash imports, a few seconds from now
     return Installation(_finder)
 
 
 def _compile_original() -> None:
-    from ..cells._dynamo import trace_original
+    from ..cells import trace_original
 
     trace_original()
 

@@ -13,7 +13,7 @@ import threading
 
 from .._errors import ConfigError
 from .._private import open_private
-from ..engine import _events
+from ..engine import configure_events, event_placeholders, rank_unknown_yet
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -26,17 +26,17 @@ def configure(log_file: str | None = None, level: str = "info", fmt: str = "auto
     ``auto``: JSON in a file or a pipe, for people on a terminal.  Raises
     ``ConfigError`` with one line when the file cannot be used."""
     json = {"json": True, "console": False}.get(fmt)
-    if log_file and _events.rank_unknown_yet(log_file):
+    if log_file and rank_unknown_yet(log_file):
         expand_path(log_file)  # (a bad placeholder is said now)
-        _events.configure(_RankFile(log_file), level,  # type: ignore[arg-type]
+        configure_events(_RankFile(log_file), level,  # type: ignore[arg-type]
                           json=True if json is None else json)
     elif log_file:
         log_file = expand_path(log_file)
         fd = open_private(log_file, "the log file (--log-file)", ConfigError, sink=True)
-        _events.configure(_FdStream(fd), level,  # type: ignore[arg-type]
+        configure_events(_FdStream(fd), level,  # type: ignore[arg-type]
                           json=True if json is None else json)
     else:
-        _events.configure(None, level, json=json)
+        configure_events(None, level, json=json)
 
 
 class _FdStream:
@@ -106,7 +106,7 @@ def expand_path(path: str) -> str:
     the program made (``mp.spawn``); outside a distributed job 0 and 1."""
     if "{" not in path:
         return path
-    where = _events.placeholders()
+    where = event_placeholders()
     try:
         return path.format_map(where)
     except (KeyError, ValueError, IndexError) as exc:

@@ -8,14 +8,7 @@ import os
 import sys
 import time
 
-from ..engine.human._break import ARMED_S
-from ..engine.remote._control import (
-    EndpointError,
-    Session,
-    list_jobs,
-    request,
-)
-from ..engine.remote._rundir import running_jobs
+from ..engine import ARMED_S, EndpointError, Session, list_jobs, request, running_jobs
 
 #: exit statuses of ``send``
 RESUMED, STILL_WAITING, FAILED, NO_JOB = 0, 1, 2, 3
@@ -47,7 +40,7 @@ def ps(args: list[str]) -> int:
         print("no daifu job is running")
         return 0
     print(f"{'PID':>7}  {'STATE':<8} {'FOR':>7}  WHERE / PROGRAM")
-    from ..engine.remote._jobstore import place
+    from ..engine import place
 
     for job in jobs:
         if job["state"] == "waiting":
@@ -71,7 +64,7 @@ def ps(args: list[str]) -> int:
 def _other_nodes(here: list[dict], running: list[dict]) -> list[dict]:
     """The ranks on other nodes of the distributed jobs that have ranks here
     (through each job's store; ``_jobstore``)."""
-    from ..engine.remote._jobstore import JobRanks
+    from ..engine import JobRanks
 
     out = []
     for info in {j["job"]: j for j in running if "job" in j and "store" in j}.values():
@@ -208,7 +201,7 @@ def _job_of(pid: int) -> dict:
 
 
 def _send_job(pid: int, text: str) -> int:
-    from ..engine.remote._jobstore import JobRanks, place
+    from ..engine import JobRanks, place
 
     try:
         info = _job_of(pid)
@@ -244,7 +237,7 @@ def _send_job(pid: int, text: str) -> int:
 def _send_rank(pid: int, rank: int, text: str) -> int:
     """``send --job PID --rank N COMMAND``: to rank N of PID's job alone (a
     rank-local command, checked there as one), on any node."""
-    from ..engine.remote._jobstore import JobRanks, place
+    from ..engine import JobRanks, place
 
     try:
         info = _job_of(pid)
@@ -331,7 +324,7 @@ def attach(args: list[str]) -> int:
 
 def _read_stacks(job: dict, timeout: float = 3.0) -> str | None:
     """Ask a running job for its threads' stacks (``_rundir.serve_stacks``)."""
-    from ..engine.remote._rundir import stacks_path
+    from ..engine import stacks_path
 
     pid, signum = job["pid"], job.get("stacks_signal")
     if not signum:
@@ -385,7 +378,7 @@ def stacks(args: list[str]) -> int:
             print(f"daifu stacks: job {pid} is not a rank of a distributed job: "
                   "use it without --job", file=sys.stderr)
             return NO_JOB
-        from ..engine.remote._jobstore import JobRanks
+        from ..engine import JobRanks
 
         ranks = JobRanks(jobs[pid])
         if ranks.everywhere:  # every rank, on every node, through the job's store
@@ -421,8 +414,8 @@ def stacks(args: list[str]) -> int:
 def _stacks_everywhere(ranks) -> int:
     """``stacks --job`` through the job's store: every rank's threads and last
     collectives, then what is out of step (``engine/_doctor``)."""
-    from ..engine.remote._doctor import diagnose, render
-    from ..engine.remote._jobstore import place
+    from ..engine import diagnose, place
+    from ..engine import render_diagnosis as render
 
     answers = ranks.stacks()
     for rank, answer in sorted(answers.items()):

@@ -23,7 +23,7 @@ import warnings
 from .._errors import ConfigError, NotVaccinatedWarning
 from .._runtime import RUNTIME
 from .._version import __version__
-from ..engine._crash import is_plumbing
+from ..engine import is_plumbing
 from . import _logging
 from ._config import BY_FLAG, OPTIONS, Config, variables_help
 from ._finder import compile_vaccinated
@@ -104,11 +104,11 @@ def _version_action(argparse):
 def version_line() -> str:
     """``daifu X (CPython Y; the barrier's route check in C|in Python: why;
     signal handlers held back in C|in Python)``."""
-    from ..engine import _barrier, _signals
+    from ..engine import speedups
 
-    held = "in C" if _signals._csignals is not None else "in Python"
+    check, held = speedups()
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
-            f"the barrier's route check {_barrier.check}; signal handlers held back {held})")
+            f"the barrier's route check {check}; signal handlers held back {held})")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
@@ -152,8 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         if "-m" in options:
             parser.error("-m needs a module name")
         ns = parser.parse_args(options)
-    from ..cells import backend
-    from ..cells._dispatch import SUPPORTED
+    from ..cells import SUPPORTED, backend
 
     back, _reason = backend()
     if back is None and not (ns is not None and ns.unprotected):
@@ -213,10 +212,9 @@ def main(argv: list[str] | None = None) -> None:
         # in a rank of a distributed job: the launcher ends the peers of a failed
         # rank with SIGTERM while they wait in a collective, where no Python
         # handler can run -- they must die at once, as without daifu
-        from ..engine import ENGINE
-        from ..engine.persist import _preempt
+        from ..engine import ENGINE, install_preemption
 
-        _preempt.install(ENGINE, cfg.grace)
+        install_preemption(ENGINE, cfg.grace)
     if cfg.explain:
         _explain(script, module, cfg)
     load_fixes(cfg.fixes, fatal=True)
@@ -278,14 +276,12 @@ def _register_job(script, module, args, cfg) -> None:
     """A job file for ``python -m daifu ps`` (removed at exit)."""
     import time
 
-    from ..engine.remote._rundir import register_job, unregister_job
+    from ..engine import register_job, unregister_job
 
     program = [script] if script is not None else ["-m", module]
     import threading
 
-    from ..engine._events import job_file_info
-    from ..engine.human._break import serve_break
-    from ..engine.remote._rundir import serve_stacks
+    from ..engine import job_file_info, serve_break, serve_stacks
 
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
@@ -303,8 +299,7 @@ def _summary(fatal: BaseException | None = None) -> None:
     if RUNTIME.summarised:
         return
     RUNTIME.summarised = True
-    from ..engine import ENGINE
-    from ..engine._events import emit
+    from ..engine import ENGINE, emit
 
     ENGINE.report_repeats()
     summary = ENGINE.summary(fatal)
@@ -474,7 +469,7 @@ def _exec_main(code: types.CodeType, main: types.ModuleType) -> None:
     ``warnings`` stack levels as under python, the recursion limit counted
     from it); else through ``exec`` (docs/limitations.md)."""
     try:
-        from . import _cmain  # type: ignore[attr-defined]
+        from . import _cmain  # type: ignore[attr-defined,unused-ignore]  # (C)
     except ImportError:
         exec(code, main.__dict__)
         return
@@ -524,7 +519,7 @@ def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | Non
     and the frame of a first-call stub (``cells._lazy``) wherever it is: an
     exception in a function's first call shows the traceback it would show
     without daifu."""
-    from ..cells._lazy import pending_of
+    from ..cells import pending_of
 
     while tb is not None and is_plumbing(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
@@ -551,9 +546,9 @@ def _exit_by_sigint() -> None:
     into status 1.  So: stop the preload, then set the flag again, the one
     way CPython sets it -- a string exec that raises ``KeyboardInterrupt``."""
     try:
-        from ..engine import _preload
+        from ..engine import settle_preload
 
-        _preload.settle()
+        settle_preload()
         exec("raise KeyboardInterrupt", {})  # noqa: S102 (a constant)
     except KeyboardInterrupt:
         pass

@@ -443,14 +443,14 @@ def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
     it cannot be read."""
     import ast
 
-    from ...cells import _registry, cells_of, original_code
-    from ...cells._source import ModuleSource, source_for_file
+    from ...cells import ModuleSource, cells_of, original_code, source_for_file
+    from ...cells import get as loaded_file
 
     try:
         code = crash.frame.f_code
         plain = original_code(code)
         info = cells_of(code)
-        loaded = _registry.get(plain.co_filename)
+        loaded = loaded_file(plain.co_filename)
         msrc = ModuleSource(info.source, plain.co_filename) if info is not None and \
             info.source is not None else loaded.msrc if loaded is not None else \
             source_for_file(plain.co_filename)
