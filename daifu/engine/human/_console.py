@@ -7,12 +7,10 @@ engine's patch queue, with the console as the patch's origin.
 
 from __future__ import annotations
 
-import builtins
 import cmd
 import contextlib
 import io
 import os
-import pprint
 import shlex
 import subprocess
 import sys
@@ -21,13 +19,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ..._errors import PatchError
 from ..._runtime import RUNTIME
-from ...cells import read_locals
 from .. import _events
-from .._crash import is_library, library_package
 from .._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
-from .._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ExecPatch, ReloadPatch
+from .._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ReloadPatch
+from ._frames import Frames
+from ._inspect import Inspect
+from ._ranks import Ranks
 from ._report import build as build_report
-from ._report import redraws, running_line, running_lines, shown_where, summarize
 
 if TYPE_CHECKING:
     from .._crash import Crash
@@ -69,7 +67,7 @@ In a distributed job (torchrun):
 PASS = object()  # "no decision here"
 
 
-class Console(cmd.Cmd):
+class Console(Frames, Inspect, Ranks, cmd.Cmd):
     """Commands for one crash.  ``decision`` is set when the frame may resume."""
 
     prompt = "(daifu) "
@@ -160,194 +158,6 @@ class Console(cmd.Cmd):
             except Exception:
                 pass  # (reported by _print below)
         return self._print(line, pretty=False)
-
-    # -- the frame in focus -------------------------------------------------------------
-
-    @property
-    def frame(self):
-        return self.crash.frame_at(self.level)
-
-    def _frame_line(self, frame) -> int:
-        return self.crash.lineno or frame.f_lineno if frame is self.crash.frame \
-            else frame.f_lineno
-
-    def _show_focus(self) -> None:
-        frame = self.frame
-        lineno = self._frame_line(frame)
-        text = running_line(frame.f_code.co_filename, lineno, frame.f_code).strip()
-        self.say(f"> frame {self.level}: {shown_where(frame.f_code.co_filename, lineno)} in "
-                 f"{frame.f_code.co_qualname}()")
-        if text:
-            self.say(f"    {text}")
-        if self.level:  # what a retry here would draw anew (say it before the choice)
-            for note in redraws(self.crash, self.level):
-                self.say(f"  note: retry here re-executes the call: {note}")
-
-    def _move(self, arg: str, direction: int) -> bool:
-        frames = self.crash.frames()
-        name = arg.strip()
-        if name and not name.lstrip("-").isdigit():
-            # up NAME / down NAME: to the nearest frame of that function in that
-            # direction -- one broadcast lands in the same function on ranks
-            # whose stacks differ in depth
-            wanted = range(self.level + 1, len(frames)) if direction > 0 else \
-                range(self.level - 1, -1, -1)
-            found = next((n for n in wanted if frames[n].f_code.co_name == name
-                          or frames[n].f_code.co_qualname == name), None)
-            if found is None:
-                self.ok = False
-                self.say(f"no frame of {name}() {'above' if direction > 0 else 'below'} "
-                         "the one in focus (bt lists them)")
-                return False
-            self.level, self._listed = found, None
-            self.crash.focus = found
-            self._show_focus()
-            return False
-        try:
-            steps = int(name) if name else 1
-        except ValueError:
-            self.ok = False
-            self.say(f"usage: {'up' if direction > 0 else 'down'} [N | NAME]")
-            return False
-        # N frames of the program: installed code daifu did not vaccinate (torch's
-        # Module.__call__, Lightning's loops, ipykernel) is passed over; `frame N`
-        # numbers stay those of bt all
-        level, moved = self.level, 0
-        while moved < abs(steps):
-            nxt = level + (1 if steps * direction > 0 else -1)
-            while 0 <= nxt < len(frames) and nxt != 0 and is_library(frames[nxt]):
-                nxt += 1 if steps * direction > 0 else -1
-            if not 0 <= nxt < len(frames):
-                break
-            level, moved = nxt, moved + 1
-        if moved < abs(steps):
-            self.ok = False
-            self.say("already at the " + ("outermost frame" if steps * direction > 0 else
-                                          "crashed frame"))
-        self.level, self._listed = level, None
-        self.crash.focus = level
-        self._show_focus()
-        return False
-
-    def do_up(self, arg: str) -> bool:
-        """up [N | NAME]: focus on the caller (N frames up, or the nearest frame of NAME)"""
-        return self._move(arg, 1)
-
-    def do_down(self, arg: str) -> bool:
-        """down [N | NAME]: focus back towards the crashed frame"""
-        return self._move(arg, -1)
-
-    do_u, do_d = do_up, do_down
-
-    def do_bt(self, arg: str) -> bool:
-        """bt [all]: the call stack, outermost first; > marks the frame in focus
-        (runs of installed library frames are one line; bt all shows them)"""
-        frames = self.crash.frames()
-        every = arg.strip() == "all"
-        hidden: list[int] = []
-        for n in range(len(frames) - 1, -1, -1):
-            frame = frames[n]
-            if not every and n and n != self.level and is_library(frame):
-                hidden.append(n)
-                if n - 1 >= 0 and (n - 1 == 0 or n - 1 == self.level
-                                   or not is_library(frames[n - 1])):
-                    self._say_hidden(frames, hidden)
-                    hidden = []
-                continue
-            lineno = self._frame_line(frame)
-            mark = ">" if n == self.level else " "
-            crashed = "  <- crashed here" if n == 0 else ""
-            self.say(f"{mark} {n:2d} {shown_where(frame.f_code.co_filename, lineno)} in "
-                     f"{frame.f_code.co_qualname}(){crashed}")
-            text = running_line(frame.f_code.co_filename, lineno, frame.f_code).strip()
-            if text:
-                self.say(f"        {text}")
-        return False
-
-    do_backtrace = do_bt
-
-    def _say_hidden(self, frames: list, hidden: list[int]) -> None:
-        packages = sorted({library_package(frames[n].f_code.co_filename) for n in hidden})
-        self.say(f"  {hidden[0]:2d}-{hidden[-1]} ... {len(hidden)} frame"
-                 f"{'s' if len(hidden) != 1 else ''} of {', '.join(packages)} "
-                 "(bt all shows them)" if len(hidden) > 1 else
-                 f"  {hidden[0]:2d} ... 1 frame of {packages[0]} (bt all shows it)")
-
-    def do_l(self, arg: str) -> bool:
-        """l [FIRST[, LAST]]: list source around the focused frame's line"""
-        frame = self.frame
-        current = self._frame_line(frame)
-        try:
-            if arg.strip() == ".":
-                first, last = max(1, current - 5), current + 5
-            elif arg.strip():
-                parts = [int(x) for x in arg.replace(",", " ").split()]
-                first = parts[0]
-                last = parts[1] if len(parts) > 1 else first + 10
-            elif self._listed is not None:
-                first, last = self._listed, self._listed + 10
-            else:
-                first, last = max(1, current - 5), current + 5
-        except ValueError:
-            self.ok = False
-            self.say("usage: l [FIRST[, LAST]] | l .")
-            return False
-        self._list(frame, first, last, current)
-        self._listed = last + 1
-        return False
-
-    def do_ll(self, arg: str) -> bool:
-        """ll: the whole source of the focused frame's function"""
-        frame = self.frame
-        code = frame.f_code
-        lines = running_lines(code.co_filename, code)
-        first = code.co_firstlineno
-        if code.co_name == "<module>":
-            last = len(lines)
-        else:
-            import inspect
-
-            try:
-                block = inspect.getblock(lines[first - 1:])
-                last = first + len(block) - 1
-            except Exception:
-                last = first + 20
-        self._list(frame, first, last, self._frame_line(frame))
-        return False
-
-    def _list(self, frame, first: int, last: int, current: int) -> None:
-        filename = frame.f_code.co_filename
-        for n in range(first, last + 1):
-            text = running_line(filename, n, frame.f_code)
-            if not text:
-                break
-            marker = "->" if n == current else "  "
-            self.say(f"{n:5d} {marker} {text.rstrip()}")
-
-    def do_interact(self, arg: str) -> bool:
-        """interact: a Python prompt in the focused frame"""
-        if not self.local:
-            self.ok = False
-            self.say("interact needs the job's own terminal; use ! or exec from here")
-            return False
-        import code as code_module
-
-        frame = self.frame
-        names = dict(frame.f_globals)
-        names.update(read_locals(frame))
-        before = dict(names)
-        code_module.interact(banner=f"*interactive* in {frame.f_code.co_qualname}() -- "
-                                    "Ctrl-D returns to the console", local=names, exitmsg="")
-        changed = {k: v for k, v in names.items() if k not in before or before[k] is not v}
-        if changed:  # written back the way exec does it (journaled, replayable)
-            assignments = "\n".join(f"{k} = __daifu_interact__[{k!r}]" for k in changed)
-            frame.f_globals["__daifu_interact__"] = changed
-            try:
-                self._exec(assignments)
-            finally:
-                frame.f_globals.pop("__daifu_interact__", None)
-            self.say(f"kept: {', '.join(sorted(changed))}")
-        return False
 
     def precmd(self, line: str) -> str:
         return line.strip()
@@ -478,188 +288,12 @@ class Console(cmd.Cmd):
 
     do_w = do_describe = do_where
 
-    def do_vars(self, arg: str) -> bool:
-        """vars: the focused frame's variables"""
-        variables = read_locals(self.frame)
-        for name in sorted(variables):
-            if not name.startswith("__"):
-                self.say(f"  {name} = {summarize(variables[name])}")
-        return False
-
-    def do_p(self, arg: str) -> bool:
-        """p EXPR: evaluate an expression in the focused frame and print its repr"""
-        return self._print(arg, pretty=False, usage="p")
-
-    def do_pp(self, arg: str) -> bool:
-        """pp EXPR: evaluate an expression in the focused frame, pretty-printed"""
-        return self._print(arg, pretty=True, usage="pp")
-
-    def _print(self, expr: str, pretty: bool, usage: str = "") -> bool:
-        if not expr:
-            self.ok = False
-            self.say(f"usage: {usage} EXPR")
-            return False
-        try:
-            value = self._eval(expr)
-        except PatchError as err:
-            self.ok = False
-            self.say(str(err))
-            return False
-        except Exception as exc:
-            self.ok = False  # (the exception alone: not the command machinery it ran in)
-            self.say("".join(traceback.format_exception_only(exc)).rstrip())
-            return False
-        if pretty:
-            self.say(pprint.pformat(value, width=100))
-        elif _is_tensor(value):  # as the report shows it; a small one with its values
-            self.say(summarize(value))
-            if _numel(value) <= 20:
-                self.say(_safe_repr(value))
-        else:
-            self.say(_safe_repr(value))
-        return False
-
-    def _eval(self, expr: str) -> Any:
-        if self.level == 0:
-            return self.crash.eval(expr)
-        try:
-            compiled = compile(expr, f"<daifu eval in frame {self.level}>", "eval")
-        except SyntaxError as exc:
-            raise PatchError(f"expression does not compile: {exc}") from None
-        frame = self.frame
-        return eval(compiled, frame.f_globals, dict(read_locals(frame)))
-
-    def do_exec(self, arg: str) -> bool:
-        """exec [CODE]: run statements in the crashed frame; without CODE, read
-        lines until an empty one"""
-        if arg:
-            return self._exec(arg)
-        lines = []
-        while True:
-            try:
-                if self.use_rawinput:
-                    line = input("... ")
-                else:
-                    if self.local:
-                        self.stdout.write("... ")
-                        self.stdout.flush()
-                    line = self.stdin.readline()
-                    if not line:
-                        break
-                    line = line.rstrip("\n")
-            except EOFError:
-                break
-            if not line.strip():
-                break
-            lines.append(line)
-        return self._exec("\n".join(lines)) if lines else False
-
-    def _exec(self, code: str) -> bool:
-        try:
-            self.apply(ExecPatch(code, origin=self.origin, frame=self.level))
-        except PatchError as err:
-            self.ok = False
-            self.say(str(err))
-            cause = err.__cause__
-            if cause is not None:
-                self.say("".join(traceback.format_exception_only(cause)).rstrip())
-        return False
-
     def do_help(self, arg: str) -> bool:
         """help: list the commands"""
         self.say(HELP)
         return False
 
     # -- distributed jobs --------------------------------------------------------------
-
-    def _job_ranks(self):
-        """(the job's ranks, the *other* ranks that wait on a crash, every
-        rank's status that answered), or None outside a distributed job."""
-        from ..remote._jobstore import JobRanks
-
-        info = _events.job_file_info()
-        if info.get("job") is None:
-            self.ok = False
-            self.say("this process is not a rank of a distributed job")
-            return None
-        ranks = JobRanks(info)
-        statuses = ranks.statuses()
-        me = info.get("rank")
-        others = [s for r, s in sorted(statuses.items())
-                  if r != me and s.get("state") == "waiting"]
-        return ranks, others, statuses
-
-    def do_ranks(self, arg: str) -> bool:
-        """ranks: the job's ranks that wait on a crash (on every node, through the job's store)"""
-        from ..remote._jobstore import place
-
-        found = self._job_ranks()
-        if found is None:
-            return False
-        ranks, others, statuses = found
-        me = _events.distributed()
-        self.say(f"> rank {me.get('rank')} (pid {os.getpid()}): {self.crash.where} "
-                 f"{type(self.crash.exception).__qualname__}: {self.crash.statement}")
-        for job in others:
-            self.say(f"  rank {job.get('rank')} ({place(job)}): {job['where']} "
-                     f"{job['exc_type']}: {job['statement']}")
-        running = sorted(r for r, s in statuses.items()
-                         if s.get("state") != "waiting" and r != me.get("rank"))
-        if running:
-            self.say(f"  running (not at a crash): rank {', '.join(map(str, running))}")
-        statuses.setdefault(int(me.get("rank", -1)), {})  # (this rank answered, of course)
-        unanswered = ranks.unanswered(statuses)
-        if unanswered:
-            self.say(f"  {unanswered}")
-        return False
-
-    def do_rank(self, arg: str) -> bool:
-        """rank N: talk to rank N's crash (``back`` returns here)"""
-        from ..remote._control import EndpointError
-
-        found = self._job_ranks()
-        if found is None:
-            return False
-        ranks, others, _ = found
-        if arg.strip() == str(_events.distributed().get("rank")):
-            self.say(f"this is rank {arg.strip()}'s own crash (the console already talks to "
-                     "it)")
-            return False
-        target = [j for j in others if str(j.get("rank")) == arg.strip()]
-        if not target:
-            self.ok = False
-            self.say(f"rank {arg.strip()!r} does not wait on a crash (see `ranks`)")
-            return False
-        session = ranks.session(target[0])
-        try:
-            hello = session.open()
-            if not hello.get("ok"):
-                raise EndpointError(hello.get("error") or "refused")
-            self.say(hello.get("report", ""))
-            prompt = f"(daifu rank {arg.strip()}) "
-            while True:
-                line = self._readline(prompt)
-                if line is None or line.strip() == "back":
-                    self.say(f"back at rank {_events.distributed().get('rank')}")
-                    return False
-                if not line.strip():
-                    continue
-                reply = session.command(line)
-                if reply.get("output"):
-                    self.say(reply["output"])
-                if reply.get("error"):
-                    self.say(reply["error"])
-                    return False
-                if reply.get("resumed") or reply.get("decision"):
-                    self.say(f"rank {arg.strip()}: {reply.get('decision')}; back at rank "
-                             f"{_events.distributed().get('rank')}")
-                    return False
-        except (EndpointError, OSError) as exc:
-            self.ok = False
-            self.say(f"rank {arg.strip()}: {exc}")
-            return False
-        finally:
-            session.close()
 
     def _readline(self, prompt: str) -> str | None:
         if self.use_rawinput:
@@ -672,67 +306,10 @@ class Console(cmd.Cmd):
         line = self.stdin.readline()
         return line.rstrip("\n") if line else None
 
-    def do_all(self, arg: str) -> bool:
-        """all COMMAND: COMMAND on every waiting rank of the job, together"""
-        import threading
-
-        if not arg.strip():
-            self.ok = False
-            self.say("usage: all COMMAND   (e.g. all exec lr = 0.01, all retry)")
-            return False
-        found = self._job_ranks()
-        if found is None:
-            return False
-        ranks, others, _ = found
-        replies: dict[int, dict] = {}
-        sender = threading.Thread(target=lambda: replies.update(ranks.send(others, arg)),
-                                  daemon=True)
-        sender.start()  # the others at once: a decision waits until every rank took it
-        self.scope = "job"
-        try:
-            stop = self.onecmd(arg)
-        finally:
-            self.scope = "rank"
-        sender.join()
-        for job in others:
-            reply = replies.get(int(job["rank"]), {})
-            text = (reply.get("output") or "").rstrip() or reply.get("error") or (
-                reply.get("decision") or "ok")
-            self.say(f"rank {job.get('rank')}: {text}")
-        return stop
-
     def do_EOF(self, arg: str) -> bool:  # noqa: N802 - cmd.Cmd's name for end of input
         self.say("")
         self.say("end of input: giving up (abort)")
         return self._decide(ABORT)
-
-    # -- completion ----------------------------------------------------------------------
-
-    def completedefault(self, text, line, begidx, endidx):
-        return self._names(text)
-
-    def complete_p(self, text, line, begidx, endidx):
-        return self._names(text)
-
-    complete_exec = complete_p
-
-    complete_pp = complete_p
-
-    def _names(self, text: str) -> list[str]:
-        try:
-            frame = self.frame
-            variables = read_locals(frame)
-            if "." in text:  # attribute completion: only for a dotted name (nothing is called)
-                head, _, tail = text.rpartition(".")
-                if not all(part.isidentifier() for part in head.split(".")):
-                    return []
-                obj = eval(head, frame.f_globals, dict(variables))
-                return sorted(f"{head}.{a}" for a in dir(obj) if a.startswith(tail)
-                              and (tail.startswith("_") or not a.startswith("_")))
-            names = set(variables) | set(frame.f_globals) | set(dir(builtins))
-        except Exception:
-            return []
-        return sorted(n for n in names if n.startswith(text))
 
 
 HISTORY = "~/.daifu_history"
@@ -804,25 +381,6 @@ def _looks_like_code(command: str, arg: str) -> bool:
     if command == "l" and arg.strip() == ".":  # pdb's `l .`: around the current line
         return False
     return arg.startswith(_CODE_STARTS) and command != "exec"
-
-
-def _is_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _numel(value: Any) -> int:
-    try:
-        return int(value.numel())
-    except Exception:
-        return 0
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        return repr(value)
-    except Exception as exc:
-        return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
 
 
 def _isatty(stream) -> bool:
