@@ -194,6 +194,11 @@ class Crash(Capabilities):
                 f"{self.where} attempt={self.attempt}>")
 
 
+def always_key(crash: Crash) -> tuple:
+    """What ``always`` remembers an answer by: the statement and the exception type."""
+    return (crash.filename, crash.lineno, crash.statement, type(crash.exception).__qualname__)
+
+
 def exception_text(exc: BaseException | None, limit: int = 500, with_type: bool = False,
                    one_line: bool = False) -> str:
     """``str(exc)`` that never raises (a broken ``__str__`` must not break a

@@ -28,7 +28,6 @@ import threading
 import time
 import types
 
-from .._errors import PatchError
 from .._record import field, record
 from .._record import replace as changed
 from ..cells import (
@@ -37,14 +36,12 @@ from ..cells import (
     RETRY_CODE,
     SKIP_CODE,
     Cell,
-    FrameContext,
     backend,
     cell_range,
     cells_of,
-    read_locals,
     target_files,
 )
-from ._crash import Crash, exception_text
+from ._crash import Crash, always_key, exception_text
 from ._decision import (
     ABORT,
     CONTINUE,
@@ -62,8 +59,6 @@ from ._events import (
     CrashIntercepted,
     CrashPassed,
     CrashResumed,
-    InternalError,
-    PatchApplied,
     PatchRejected,
     RuleFailed,
     collecting,
@@ -71,23 +66,21 @@ from ._events import (
     held,
     release_held,
     tell,
-    write,
 )
 from ._guards import handled_above, passing, would_catch
+from ._outcomes import Outcomes
+from ._patches import Patches
 from ._queue import (
-    AlwaysPatch,
-    Apply,
-    CheckpointPatch,
     DecisionPatch,
     ExecPatch,
-    Patch,
     ReloadPatch,
     ReplacePatch,
 )
-from ._repeats import Ending, Group, Repeats
+from ._repeats import Repeats
+from ._retries import Retries
 from ._rules import RuleBook
 from ._signals import live
-from .human._break import armed, is_break
+from .human._break import is_break
 from .remote import _distributed
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -190,11 +183,6 @@ class ExceptionMemo:
             self._ids.clear()
 
 
-def always_key(crash: Crash) -> tuple:
-    """What ``always`` remembers an answer by: the statement and the exception type."""
-    return (crash.filename, crash.lineno, crash.statement, type(crash.exception).__qualname__)
-
-
 #: emergency checkpoints one process writes at most (a program that keeps
 #: catching crashes daifu gave up on must not fill the disk)
 MAX_CHECKPOINTS = 3
@@ -206,14 +194,6 @@ def _taken(crash: Crash) -> dict[str, str]:
     if not crash.passed_through:
         return {}
     return {"function": crash.function, "statement": crash.statement}
-
-
-def _in_dataloader_worker() -> bool:
-    data = sys.modules.get("torch.utils.data")
-    try:
-        return data is not None and data.get_worker_info() is not None
-    except Exception:
-        return False
 
 
 @record
@@ -252,7 +232,7 @@ def _setting(name: str) -> Any:
                     doc=f"``self.settings.{name}``")
 
 
-class Engine:
+class Engine(Retries, Patches, Outcomes):
     """One per process (``ENGINE``), configured by one ``EngineSettings``."""
 
     max_attempts: int = _setting("max_attempts")
@@ -288,53 +268,6 @@ class Engine:
         self.always: dict[tuple, tuple[Decision, tuple[ExecPatch, ...], str]] = {}
 
     # -- called from the stubs ---------------------------------------------------
-
-    def quiet(self) -> bool:
-        """Nothing a barrier must be asked about for an exception the program
-        handles: no retry or forwarded decision in flight, no pause requested
-        (``_guards.passing``: the stubs pass such exceptions on themselves
-        only then; the engine clears its copy whenever it starts to keep any
-        of these, the barrier sets it from this)."""
-        return not (self._pending or self._forward or armed())
-
-    def _prune_pending(self, frame: types.FrameType) -> None:
-        """Forget this thread's retries that are over: a retried statement
-        that succeeded leaves no trace (nothing runs on success), and while
-        one is remembered the engine is not quiet -- every handled exception
-        would be judged in full.  A retry is over when its frame is no longer
-        on this thread's stack (below ``frame``), or is there but out of the
-        cell's retry copy."""
-        me = threading.get_ident()
-        mine = [(key, p) for key, p in list(self._pending.items()) if p.thread == me]
-        if not mine:
-            return
-        live: dict[int, types.FrameType] = {}
-        f: types.FrameType | None = frame
-        while f is not None:
-            live[id(f)] = f
-            f = f.f_back
-        back, _ = backend()
-        over = []
-        for key, _pending in mine:
-            f = live.get(key[0])
-            cell = key[1]
-            found = (cell_range(cell.info, f.f_code, back.lasti_offset(f.f_lasti))
-                     if f is not None and back is not None else None)
-            if found is None or found[2] is not cell or not found[3]:
-                over.append(key)
-        if over:
-            with self._lock:
-                for key in over:
-                    self._pending.pop(key, None)
-
-    def drop_pending(self, frame: types.FrameType) -> None:
-        """A retry in ``frame`` will not run after all (a signal's exception is
-        raised there instead): forget it, so the stubs pass handled exceptions
-        on by themselves again."""
-        with self._lock:
-            for key in [k for k in self._pending if k[0] == id(frame)]:
-                del self._pending[key]
-        passing[2] = self.quiet()
 
     def busy(self) -> bool:
         """Is this thread inside daifu's own handling (a rule, the console)?"""
@@ -380,23 +313,6 @@ class Engine:
             if would_catch(cell.guards, exc, frame, exits):
                 return False
         return not handled_above(frame, exc, target_files())
-
-    def summary(self, fatal: BaseException | None = None):
-        """The run's ``RunSummary`` (``fatal``: the exception the program dies
-        of), or None when there was no crash to speak of."""
-        from ._events import RunSummary
-
-        died = int(fatal is not None and self.gave_up.holds(fatal))
-        recovered = max(self.stats["recovered"], 0)
-        if not recovered and not died:
-            return None
-        return RunSummary(crashes=recovered + died, recovered=recovered, gave_up=died,
-                          handled_by_program=max(self.stats["gave_up"] - died, 0),
-                          checkpoint=self.checkpoints[-1] if self.checkpoints else None)
-
-    def _count(self, name: str, n: int) -> None:
-        with self._lock:
-            self.stats[name] += n
 
     # -- one crash -----------------------------------------------------------------
 
@@ -678,358 +594,11 @@ class Engine:
         if self.checkpoint and len(self.checkpoints) < MAX_CHECKPOINTS:
             self.save_checkpoint(crash)
 
-    def _meta(self, patch: AlwaysPatch | CheckpointPatch, crash: Crash | None) -> None:
-        """``always`` and ``checkpoint`` from a console.  Raises ``PatchError``."""
-        if crash is None:
-            raise PatchError(f"{patch.kind} needs a crash")
-        if isinstance(patch, CheckpointPatch):
-            patch.saved, patch.result = self.save_checkpoint(crash, patch.path)
-            if patch.saved is None:
-                raise PatchError(patch.result)
-        elif patch.action == "set" and patch.decision is not None:
-            patch.result = self.remember(crash, patch.decision, patch.origin)
-        elif patch.action == "clear":
-            n = len(self.always)
-            self.always.clear()
-            patch.result = f"forgot {n} standing answer{'s' if n != 1 else ''}"
-        else:
-            lines = [f"  {exc} at {filename}:{line} ({statement}): {said.value}"
-                     + (f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}"
-                        if execs else "")
-                     for (filename, line, statement, exc), (said, execs, _)
-                     in self.always.items()]
-            patch.result = "\n".join(lines) or "no standing answers (always DECISION sets one)"
-
-    def remember(self, crash: Crash, decision: Decision, origin: str) -> str:
-        """``always DECISION``: answer later crashes of this exception type at
-        this statement the same way, after this crash's exec patches; journaled."""
-        execs = tuple(crash.execs)
-        self.always[always_key(crash)] = (decision, execs, f"always ({origin})")
-        if self.journal is not None:
-            try:
-                self.journal.always(crash, decision, execs)
-            except Exception:
-                self._internal("journal", crash)
-        also = f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}" if execs \
-            else ""
-        return (f"from now on, {type(crash.exception).__qualname__} at {crash.where} "
-                f"({crash.statement}) is answered: {decision.value}{also}")
-
-    def save_checkpoint(self, crash: Crash, path: str | None = None) -> tuple[str | None, str]:
-        """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``):
-        ``(its path, what was saved)``, or ``(None, why not)`` -- nothing in
-        reach to save, or it could not be written (an event says so too)."""
-        from ..cells import read_locals
-        from ._events import CheckpointFailed, CheckpointNote, CheckpointSaved
-        from .persist._checkpoint import CheckpointError, save
-        from .persist._resume import KEEPER
-
-        if path is None and _in_dataloader_worker():
-            return None, "a DataLoader worker: its copy of the model is not the job's state"
-
-        def say(line: str) -> None:
-            emit(CheckpointNote(where=crash.where, message=line))
-
-        try:
-            done = save(crash.frame, crash.where, crash.exception, self.checkpoint_dir, path,
-                        read_locals=read_locals, say=say, point=KEEPER)
-        except CheckpointError as exc:
-            emit(CheckpointFailed(where=crash.where, reason=str(exc)))
-            return None, str(exc)
-        except Exception as exc:  # daifu must never make a crash worse
-            reason = f"internal error: {type(exc).__name__}: {exc}"
-            emit(CheckpointFailed(where=crash.where, reason=reason))
-            return None, reason
-        if done is None:
-            return None, "nothing to save: no torch module or optimizer is in reach"
-        self.checkpoints.append(done["path"])
-        emit(CheckpointSaved(where=crash.where, path=done["path"], bytes=done["bytes"],
-                             seconds=round(done["seconds"], 3), objects=done["objects"],
-                             position=done["position"], frameworks=done["frameworks"]))
-        what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in done["objects"].items())
-        where = ", ".join(f"{k}={v}" for k, v in done["position"].items())
-        also = "".join(f"; the {k} Trainer's own: {v}" for k, v in done["frameworks"].items())
-        return done["path"], (f"saved {done['path']} ({done['bytes'] / 1e6:.1f} MB; {what}"
-                              + (f"; position {where}" if where else "") + also + ")")
-
     # -- patches ---------------------------------------------------------------
-
-    def submit(self, patch: Patch, crash: Crash | None = None) -> None:
-        """Queue a patch; applied now when called while handling a crash in
-        this thread (a rule calling ``crash.exec``), else when the next crash
-        is handled.  Raises ``PatchError`` if applying it fails."""
-        if not patch.origin:
-            patch.origin = getattr(self._tls, "origin", None) or "api"
-        current = crash or getattr(self._tls, "crash", None)
-        if current is None:
-            # not inside a crash: apply directly (a replace in a fixes file, say)
-            self._apply(patch, None)
-            return
-        current.patches.put(patch)
-        failure: PatchError | None = None
-        decision = None
-        while (item := current.patches.get_nowait()) is not None:
-            try:
-                result = self._apply(item, current)
-            except PatchError as err:
-                if item is patch:
-                    failure = err
-                continue
-            if isinstance(result, Decision) and decision is None:
-                decision = result
-        if decision is not None:
-            current.resolution.queued = decision
-        if failure is not None:
-            raise failure
-
-    def door(self, crash: Crash) -> Apply:
-        """The one way a console reaches this crash: a patch goes into its
-        queue and is applied at once (``submit``); raises ``PatchError``."""
-        return lambda patch: self.submit(patch, crash)
-
-    def _drain(self, crash: Crash) -> Decision | None:
-        decided = crash.resolution.queued
-        if decided is not None:
-            crash.resolution.queued = None
-            return decided
-        while (patch := crash.patches.get_nowait()) is not None:
-            try:
-                result = self._apply(patch, crash)
-            except PatchError:
-                continue
-            if isinstance(result, Decision):
-                return result
-        return None
-
-    def _apply(self, patch: Patch, crash: Crash | None) -> Decision | None:
-        where = crash.where if crash else ""
-        if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
-            patch = ReloadPatch(origin=patch.origin, frame=patch.frame)
-        result: Decision | None = None
-        if isinstance(patch, (AlwaysPatch, CheckpointPatch)):
-            self._meta(patch, crash)  # (they change nothing of the crash: not journaled)
-            return None
-        try:
-            if isinstance(patch, DecisionPatch) and crash is not None:
-                patch = self._redirect(patch, crash)
-            if isinstance(patch, ReloadPatch):
-                if crash is None:
-                    raise PatchError("reload needs a crash to resume")
-                result = self._reload(patch, crash)
-            elif isinstance(patch, DecisionPatch) and patch.frame:
-                result = self._upward(patch, crash)
-            elif isinstance(patch, DecisionPatch):
-                result = self._check_decision(patch.decision, crash, patch.scope)
-            elif isinstance(patch, ExecPatch):
-                if crash is None:
-                    raise PatchError("exec needs a crashed frame to run in")
-                exec_in_frame(crash.frame_at(patch.frame), patch.code)
-                crash.execs.append(patch)
-            elif isinstance(patch, ReplacePatch):
-                from ._replace import apply_replace
-
-                replaced = apply_replace(patch.target, patch.new, crash)
-                if replaced is not None and crash is not None:
-                    old = crash.resolution.replaced
-                    crash.resolution.replaced = replaced if old is None or old[0] < replaced[0] \
-                        else old
-            else:
-                raise PatchError(f"unknown patch kind {type(patch).__name__}")
-        except PatchError as err:
-            emit(PatchRejected(where=where, kind=patch.kind, origin=patch.origin,
-                               reason=str(err)))
-            self._record("patch", crash, patch, "rejected", str(err))
-            raise
-        summary = patch.summary()
-        if isinstance(patch, DecisionPatch) and crash is not None and crash.resolution.note:
-            summary += f": {crash.resolution.note}"
-        emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin, summary=summary))
-        self._record("patch", crash, patch)
-        return result
-
-    def _reload(self, patch: ReloadPatch, crash: Crash) -> Decision:
-        """Apply a reload (``_reload``).  When a changed caller is to continue
-        in its new code, the exception is handed up to that caller's barrier
-        with the caller's part (``patch.resume``), applied there."""
-        from ._reload import reload, resume_caller
-
-        if patch.resume is None:
-            patch.result = reload(crash, patch.sources, patch.frame)
-            caller = patch.result.caller
-            if patch.result.retry_caller is not None:
-                level = patch.result.retry_caller
-                crash.resolution.upward = (crash.exception, crash.frame_at(level),
-                                           DecisionPatch(RETRY, origin=patch.origin,
-                                                         frame=level))
-            elif caller is not None:
-                crash.resolution.upward = (crash.exception, crash.frame_at(caller.level),
-                                           ReloadPatch(origin=patch.origin, frame=caller.level,
-                                                       resume=caller))
-            crash.resolution.reload = patch.result
-            return RELOAD
-        try:
-            patch.result = resume_caller(crash, patch.resume)
-        except PatchError as err:  # the new code is in already: the call is re-executed
-            decision = self._check_decision(RETRY, crash)
-            crash.resolution.note = (f"{crash.function}() keeps its old code ({err}); its "
-                                     "statement is retried, calling the new code")
-            return decision
-        crash.resolution.reload = patch.result
-        return RELOAD
-
-    @staticmethod
-    def _redirect(patch: DecisionPatch, crash: Crash) -> DecisionPatch:
-        """A retry after ``replace`` of a function that runs on the crashed
-        stack: its running call keeps the old code, so the retry re-executes
-        the call in the nearest vaccinated caller (``_replace.rerun_level``)."""
-        replaced = crash.resolution.replaced
-        if patch.decision is not RETRY or replaced is None or patch.frame > replaced[0]:
-            return patch
-        from ._replace import rerun_level
-        from .human._report import redraws
-
-        level = rerun_level(crash, replaced)
-        crash.resolution.note = "; ".join([
-            f"{replaced[1]}() was replaced while it runs: its call is re-executed in caller "
-            f"frame {level} ({crash.frame_at(level).f_code.co_qualname})",
-            *redraws(crash, level)])
-        return changed(patch, frame=level)
-
-    @staticmethod
-    def _upward(patch: DecisionPatch, crash: Crash | None) -> Decision:
-        """A decision for the crash's caller ``patch.frame``: checked that
-        the caller is vaccinated (its barrier takes the exception there);
-        the crash then passes the exception up (``_conclude``)."""
-        if crash is None:
-            raise PatchError("a decision needs a crash to resume")
-        if patch.decision is RELOAD or patch.decision is ABORT:
-            raise PatchError(f"{patch.decision.value} applies to the crash, not to a caller frame")
-        target = crash.frame_at(patch.frame)
-        info = cells_of(target.f_code)
-        if info is None:
-            raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) is not "
-                             "vaccinated: it has no crash barrier to take the decision (vaccinate "
-                             "it with --entry, or decide here)")
-        # the caller's statement -- its call -- must take the decision: said
-        # now, not after the exception left the crashed frame
-        found = cell_range(info, target.f_code, target.f_lasti)
-        if found is None:
-            raise PatchError(f"caller frame {patch.frame} ({target.f_code.co_qualname}) has no "
-                             "crash barrier at its current statement")
-        cell = found[2]
-        why = {RETRY: cell.retry_reason, SKIP: cell.skip_reason,
-               CONTINUE: cell.continue_reason}.get(patch.decision)
-        if why:
-            raise PatchError(f"cannot {patch.decision.value} in caller frame {patch.frame} "
-                             f"({target.f_code.co_qualname}): {why}")
-        if patch.decision is RETRY:
-            from .human._report import redraws
-
-            # (a replace's redirect said them already: once is enough)
-            notes = [n for n in redraws(crash, patch.frame)
-                     if n not in (crash.resolution.note or "")]
-            if notes:
-                crash.resolution.note = "; ".join([crash.resolution.note, *notes]).strip("; ")
-        crash.resolution.upward = (crash.exception, target, patch)
-        return patch.decision
-
-    @staticmethod
-    def _check_decision(decision: Decision, crash: Crash | None, scope: str = "rank") -> Decision:
-        if crash is None:
-            raise PatchError("a decision needs a crash to resume")
-        if decision is RETRY and not crash.can_retry:
-            raise PatchError(f"cannot retry here: {crash.retry_reason}")
-        if decision is SKIP and not crash.can_skip:
-            raise PatchError(f"cannot skip here: {crash.skip_reason}")
-        if decision is CONTINUE and not crash.can_continue:
-            raise PatchError(f"cannot continue the loop here: {crash.continue_reason}")
-        if _distributed.active():  # one rank of several: keep the collectives in step
-            if scope == "job":
-                _distributed.agree(decision, crash)
-            elif (reason := _distributed.local_reason(decision, crash)) is not None:
-                raise PatchError(f"refused: {reason}")
-        if crash.kind == "loop-header" and (decision is RETRY or decision is CONTINUE):
-            _prepare_loop_header(decision, crash)
-        return decision
-
-    def _record(self, what: str, crash: Crash | None, *args) -> None:
-        """Append to the journal, if there is one; never fails the recovery.
-        Inside a crash's handling the record is part of its group: held back
-        with its events while it may be a repeat (``_repeats``)."""
-        if self.journal is None:
-            return
-        group = getattr(self._tls, "group", None)
-        if group is not None and crash is getattr(self._tls, "crash", None):
-            group.records.append((what, args))
-            if group.hold:
-                return
-        self._journal(what, crash, args)
-
-    def _journal(self, what: str, crash: Crash | None, args: tuple) -> None:
-        try:
-            getattr(self.journal, what)(crash, *args)
-        except Exception:
-            self._internal("journal", crash)
 
     # -- repeated crashes (``_repeats``) ---------------------------------------------
 
-    def _to_human(self) -> None:
-        group = getattr(self._tls, "group", None)
-        if group is None:
-            return
-        group.human = True
-        if group.hold:
-            group.hold = False
-            self._write_group(group, self._tls.crash)
-
-    def _write_group(self, group: Group, crash: Crash) -> None:
-        for ev in group.events:
-            write(ev)
-        for what, args in group.records:
-            self._journal(what, crash, args)
-
-    def _end_group(self, group: Group, crash: Crash) -> None:
-        try:
-            number = None  # the crash's number in the journal, if it was written there
-            if self.journal is not None and not group.hold and group.records:
-                number = self.journal.crash_id(crash)
-            ending = self.repeats.end(group, crash.where, type(crash.exception).__qualname__,
-                                      number)
-            if ending.write_held:
-                self._write_group(group, crash)
-                if self.journal is not None and group.records:
-                    self.repeats.written(group.site, self.journal.crash_id(crash))
-            self._report_repeat(ending)
-        except Exception:
-            self._internal("repeats", crash)
-
-    def _report_repeat(self, ending: Ending) -> None:
-        if ending.report is not None:
-            emit(ending.report)
-        if ending.journal_repeat is not None and self.journal is not None:
-            try:
-                self.journal.repeat(*ending.journal_repeat)
-            except Exception:
-                self._internal("journal", None)
-
-    def report_repeats(self) -> None:
-        """Say how often each repeated crash came back since it was last said
-        (at exit: the runner's summary)."""
-        for ending in self.repeats.flush():
-            self._report_repeat(ending)
-
     # -- diagnostics -----------------------------------------------------------------
-
-    def _internal(self, what: str, crash: Crash | None) -> None:
-        try:
-            import traceback
-
-            err = sys.exc_info()[1]
-            emit(InternalError(where=crash.where if crash else what,
-                               error=f"{what}: {exception_text(err, with_type=True)}",
-                               traceback=traceback.format_exc()))
-        except BaseException:
-            pass
 
     def configure(self, settings: EngineSettings) -> None:
         """Take ``settings`` as the engine's whole configuration."""
@@ -1079,37 +648,6 @@ def _vaccinated_caller(frame: types.FrameType) -> bool:
     return False
 
 
-def exec_in_frame(frame: types.FrameType, code: str) -> None:
-    """Run ``code`` in a suspended frame's context: assignments to its
-    variables are written back; new names become globals.  Raises
-    ``PatchError`` if the code does not compile or raises."""
-    try:
-        compiled = compile(code, "<daifu exec>", "exec")
-    except SyntaxError as err:
-        raise PatchError(f"code does not compile: {err}") from None
-    ctx = FrameContext(frame)
-    if ctx.is_module:
-        try:
-            exec(compiled, frame.f_globals, read_locals(frame))
-        except Exception as err:
-            raise PatchError(f"code raised {exception_text(err, with_type=True)}") from err
-        return
-    before = read_locals(frame)
-    namespace = dict(before)
-    try:
-        exec(compiled, frame.f_globals, namespace)
-    except Exception as err:
-        raise PatchError(f"code raised {exception_text(err, with_type=True)}") from err
-    names = ctx.names or frozenset()
-    changed = {k: v for k, v in namespace.items()
-               if k in names and (k not in before or before[k] is not v)}
-    deleted = tuple(k for k in before if k not in namespace and k in names)
-    new_globals = {k: v for k, v in namespace.items() if k not in names and k not in before}
-    if changed or deleted:
-        ctx.update_many(changed, deleted)
-    frame.f_globals.update(new_globals)
-
-
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
 
@@ -1137,38 +675,3 @@ def replace(target: Any, new: Any) -> None:
     closure variables).
     """
     ENGINE.submit(ReplacePatch(target, new))
-
-
-def _prepare_loop_header(decision: Decision, crash: Crash) -> None:
-    """RETRY or CONTINUE at a loop header: a pass-through wrapper that died
-    is swapped for the iterator it read (a continuation with that stack);
-    RETRY of a failed DataLoader batch fetches the same batch again
-    (``_loaders``).  Raises ``PatchError``, changing nothing."""
-    notes = []
-    if crash.rewrap is not None:
-        from ._reload import resume_with_stack
-
-        slot = crash.cell.iterator_slot
-        assert slot is not None  # (a rewrap is only found for a loop's iterator)
-        stack = list(crash.stack)
-        stack[slot] = crash.rewrap[0]
-        crash.resolution.continuation = resume_with_stack(crash, tuple(stack))
-        notes.append(crash.rewrap[1])
-    if decision is RETRY and crash.batch is not None:
-        from . import _loaders
-
-        try:
-            _loaders.arrange_refetch(crash.batch)
-        except PatchError:
-            crash.resolution.continuation = None
-            raise
-        notes.append(f"the failed batch is fetched again (indices {_short(crash.batch.index)})")
-    crash.resolution.note = "; ".join(notes)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        text = "?"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
