@@ -420,20 +420,18 @@ def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
 
 
 def handled_above(frame: types.FrameType, exc: BaseException, targets: Container[str]) -> bool:
-    """True if a caller would catch the exception -- or might, and a vaccinated
-    caller reachable through target-file frames only will see it if nothing
-    does (its barrier then decides with full knowledge).
+    """True if a caller would catch the exception -- or might, and a vaccinated caller
+    reachable through target-file frames only will see it if nothing does (its
+    barrier then decides with full knowledge).
 
-    An exception the program catches N vaccinated frames up passes N barriers;
-    the first finds the frame that surely catches it and the others' barriers
-    only check that the exception came to them from there (``caught_above``,
-    asked by the barrier before this: linear, not quadratic, in N).
+    An exception the program catches N vaccinated frames up passes N barriers; the
+    first finds the frame that surely catches it and the others' barriers only check
+    that it came to them from there (``caught_above``: linear, not quadratic, in N).
 
-    Whether a frame was entered from C (where C code might catch) is read
-    only when the answer depends on it: it can turn "nobody catches it" into
-    "a vaccinated caller will decide", never the other way, so a search that
-    finds a catch needs none of those reads (each is a layout-checked read
-    of the interpreter frame, the dearest step of the walk)."""
+    Whether a frame was entered from C (where C code might catch) is read only when
+    the answer depends on it: it can turn "nobody catches it" into "a vaccinated
+    caller will decide", never the other way, so a search that finds a catch needs
+    none of those reads (each a layout-checked read of the interpreter frame)."""
     _seen.caught = _seen.passing = None  # (a search of its own: no memo of another's stands)
     transparent = True  # every frame so far belongs to a target file
     plain = True  # every frame so far reached by a call, and surely not catching
@@ -491,26 +489,39 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
             if verdict:
                 head = exc.__traceback__
                 if head is not None and head.tb_frame is frame:
-                    _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
-                    if plain and vaccinated_here:
-                        stub = facts[4]
-                        if stub is MISSING:
-                            stub = facts[4] = _stub_const(code, lasti)
-                        if stub is not None:  # (the exception reaches the catcher's stub)
-                            _seen.passing = (stub, _route(frame, caller, guards, exc)
-                                             if bare and steps is None else None)
+                    _remember_catch(frame, exc, caller, facts, head, plain and vaccinated_here,
+                                    bare and steps is None)
                 return True
             bare = False
             if verdict is None:
                 if vaccinated_here:
                     return True
                 plain = False
-    if deciding:
-        # C code in between may catch; if not, that caller's barrier decides
-        back, _ = backend()
-        if back is not None:
-            return any(_via_c(f, back) for f in left[:deciding])
-    return False
+    # C code in between may catch; if not, that caller's barrier decides
+    return bool(deciding) and _through_c(left[:deciding])
+
+
+def _remember_catch(frame: types.FrameType, exc: BaseException, caller: types.FrameType,
+                    facts: list, head: types.TracebackType, reachable: bool,
+                    routable: bool) -> None:
+    """The catch ``handled_above`` found, for the barriers above to trust
+    (``_seen.caught``); where the catcher's stub is reached by plain calls
+    (``reachable``), the stub and, for a walk of plain calls with no handler
+    between (``routable``), the route to remember (``_seen.passing``)."""
+    code = caller.f_code
+    _seen.caught = (type(exc), id(exc), id(caller), code, *_mark(head))
+    if reachable:
+        stub = facts[4]
+        if stub is MISSING:
+            stub = facts[4] = _stub_const(code, caller.f_lasti)
+        if stub is not None:  # (the exception reaches the catcher's stub)
+            _seen.passing = (stub, _route(frame, caller, facts[1], exc) if routable else None)
+
+
+def _through_c(left: list[types.FrameType]) -> bool:
+    """Was one of these frames entered from C (which might catch)?"""
+    back, _ = backend()
+    return back is not None and any(_via_c(f, back) for f in left)
 
 
 def _facts(code: types.CodeType, offset: int) -> list:

@@ -146,6 +146,32 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     the engine passes the exception up to it, and it re-executes its failing
     statement -- the call -- in the new code."""
     before = code_infos()  # (made from the texts that run now)
+    files, result = _read_changes(sources or {})
+    live, installs, changed, seen = _function_changes(files, crash, result)
+    if crash is not None:
+        _module_changes(crash, files, changed, result)
+    known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
+    added = _added_functions(files, known)
+    if crash is not None:
+        _plan_running(crash, files, changed, result, focus)
+    definitions = _running_definitions(crash, files, result) if crash is not None else []
+    if not (installs or added or definitions) and result.running is None \
+            and result.caller is None:
+        # nothing to apply: a reload that changes nothing must not resume the
+        # crash (a retry would fail the same way and burn the attempts)
+        detail = "; ".join(str(c) for c in result.changes)
+        raise PatchError(
+            "reload: no function of the running program changed"
+            + (f" ({detail})" if detail else
+               " (edit the source of the failing code, save it, then reload)")
+            + " -- nothing was changed")
+    _install(files, installs, definitions, added, before, result)
+    return result
+
+
+def _read_changes(sources: dict[str, str]) -> tuple[dict[str, Any], ReloadResult]:
+    """The changed files, and a result with their diffs; raises
+    ``PatchError`` when none changed."""
     files = _changed_files(sources or {})
     result = ReloadResult()
     for f in files.values():
@@ -160,6 +186,13 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
     if not files:
         raise PatchError("reload: no source file changed since it was loaded (edit the source "
                          "of the failing code, save it, then reload) -- nothing was changed")
+    return files, result
+
+
+def _function_changes(files: dict[str, Any], crash: Crash | None, result: ReloadResult):
+    """The live functions of the changed files, which to give new code
+    (``installs``), the running code that changed (``changed``), and the
+    functions seen; each change is added to ``result``."""
     live = [o for o in gc.get_objects()
             if type(o) is types.FunctionType and o.__code__.co_filename in files
             and o.__code__.co_name not in _SKIP_NAMES]
@@ -200,30 +233,40 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
             changed.setdefault(id(fn.__code__), by_key[key])
             if fn.__code__ is running_code:
                 result.running = by_key[key]
-    if crash is not None:
-        # module-level code on the crashed stack (the script's top level, a
-        # module importing another): its own statements changed if its code
-        # differs beyond its functions -- the crashed frame's, or a caller's
-        # that a focus (``up``) may continue in the new code
-        for frame in crash.frames():
-            code = frame.f_code
-            edited = files.get(code.co_filename)
-            if code.co_name != "<module>" or edited is None or id(code) in changed \
-                    or _compare(original_code(code), edited.module_code, deep=False) != "changed":
-                continue
-            change = Change("<module>", edited.filename, "changed")
-            result.changes.append(change)
-            if code is running_code:
-                result.running = change
-            else:
-                changed[id(code)] = change
-    known = {q for _, q, _ in seen} | {fn.__code__.co_qualname for fn in live}
-    added = _added_functions(files, known)
-    if crash is not None:
-        result.caller = _caller_to_continue(crash, files, changed, result.running, focus)
-        if result.caller is not None:
-            result.running = None  # (its new code is installed for later calls)
-    if result.running is not None and crash is not None:
+    return live, installs, changed, seen
+
+
+def _module_changes(crash: Crash, files: dict[str, Any], changed: dict[int, Change],
+                    result: ReloadResult) -> None:
+    """Module-level code on the crashed stack whose own statements changed."""
+    running_code = crash.frame.f_code
+    # module-level code on the crashed stack (the script's top level, a
+    # module importing another): its own statements changed if its code
+    # differs beyond its functions -- the crashed frame's, or a caller's
+    # that a focus (``up``) may continue in the new code
+    for frame in crash.frames():
+        code = frame.f_code
+        edited = files.get(code.co_filename)
+        if code.co_name != "<module>" or edited is None or id(code) in changed \
+                or _compare(original_code(code), edited.module_code, deep=False) != "changed":
+            continue
+        change = Change("<module>", edited.filename, "changed")
+        result.changes.append(change)
+        if code is running_code:
+            result.running = change
+        else:
+            changed[id(code)] = change
+
+
+def _plan_running(crash: Crash, files: dict[str, Any], changed: dict[int, Change],
+                  result: ReloadResult, focus: int) -> None:
+    """Which running call continues in its new code: the crashed one (its
+    continuation), a caller (``result.caller``), or -- where the crashed one
+    cannot -- its call made again from a vaccinated caller (``retry_caller``)."""
+    result.caller = _caller_to_continue(crash, files, changed, result.running, focus)
+    if result.caller is not None:
+        result.running = None  # (its new code is installed for later calls)
+    if result.running is not None:
         try:
             fn_, args, line = _continuation(crash, files[crash.filename], result.running)
         except PatchError as exc:
@@ -243,18 +286,11 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         else:
             result.running.detail = f"running: continues in the new code at line {line}"
             result.continuation = (fn_, args)
-    definitions = _running_definitions(crash, files, result) if crash is not None else []
-    if not (installs or added or definitions) and result.running is None \
-            and result.caller is None:
-        # nothing to apply: a reload that changes nothing must not resume the
-        # crash (a retry would fail the same way and burn the attempts)
-        detail = "; ".join(str(c) for c in result.changes)
-        raise PatchError(
-            "reload: no function of the running program changed"
-            + (f" ({detail})" if detail else
-               " (edit the source of the failing code, save it, then reload)")
-            + " -- nothing was changed")
-    # everything checked: apply
+
+
+def _install(files: dict[str, Any], installs: list, definitions: list, added: list,
+             before: list, result: ReloadResult) -> None:
+    """Everything checked: give the functions their new code."""
     for fn, code in installs:
         fn.__code__ = code
     for running, index, code, change, who in definitions:
@@ -272,7 +308,6 @@ def reload(crash: Crash | None, sources: dict[str, str] | None = None,
         if f.loaded is not None:
             _registry.record(f.filename, f.loaded.module, f.loaded.selection, f.msrc.source, f.msrc)
         linecache.cache[f.filename] = (len(f.new), None, f.new.splitlines(True), f.filename)
-    return result
 
 
 def _text_before_edit(path: str) -> str | None:

@@ -152,50 +152,8 @@ def main(argv: list[str] | None = None) -> None:
         if "-m" in options:
             parser.error("-m needs a module name")
         ns = parser.parse_args(options)
-    from ..cells import SUPPORTED, backend
-
-    back, _reason = backend()
-    if back is None and not (ns is not None and ns.unprotected):
-        supported = " and ".join(f"{a}.{b}" for a, b in SUPPORTED)
-        sys.stderr.write(f"python -m daifu: error: daifu supports CPython {supported}, not "
-                         f"{sys.implementation.name} {sys.version_info[0]}."
-                         f"{sys.version_info[1]}; use one of those, or --unprotected to run the "
-                         "program without crash interception\n")
-        raise SystemExit(2)
-    if script is None and module is None:
-        _parser().print_usage(sys.stderr)
-        sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")
-        raise SystemExit(2)
-    if module in LAUNCHERS or (script is not None and os.path.basename(script) in LAUNCHERS):
-        sys.stderr.write(
-            f"python -m daifu: error: {'-m ' + module if module else script} would vaccinate "
-            "the launcher, not the workers it starts: nothing would be protected.  Put daifu "
-            "in each worker instead:\n"
-            "  torchrun [torchrun options] -m daifu [daifu options] train.py [args]\n")
-        raise SystemExit(2)
-    try:
-        cfg = Config.from_env()
-        if ns is not None:
-            cfg.override(ns)
-        cfg.validate()
-        for path in cfg.fixes:
-            if not os.path.isfile(path):
-                raise ConfigError(f"fixes file not found: {path}")
-        if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
-            # (0600, never through a symbolic link: it shows the program's code)
-            from .._private import open_private
-
-            os.close(open_private(cfg.dump, "the dump (--dump)", ConfigError, sink=True))
-    except ConfigError as exc:
-        sys.stderr.write(f"python -m daifu: error: {exc}\n")
-        raise SystemExit(2) from None
-    if script is not None:
-        if not os.path.exists(script):
-            # what `python missing.py` says, with the same status
-            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: "
-                             f"[Errno 2] No such file or directory\n")
-            raise SystemExit(2)
-        cfg.main = os.path.abspath(script)
+    _refuse_what_cannot_run(ns, script, module)
+    cfg = _configured(ns, script)
     if cfg.use_project and not cfg.project:
         found = _project_of(script, module)
         cfg.project = found.to_env() if found is not None else ""
@@ -229,6 +187,61 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BaseException as exc:  # the program dies of it, as under python
         _died(exc)
+
+
+def _refuse_what_cannot_run(ns: Any, script: str | None, module: str | None) -> None:
+    """Exit 2, saying why, on an unsupported Python (without --unprotected),
+    no program, or a launcher (torchrun) given as the program."""
+    from ..cells import SUPPORTED, backend
+
+    back, _reason = backend()
+    if back is None and not (ns is not None and ns.unprotected):
+        supported = " and ".join(f"{a}.{b}" for a, b in SUPPORTED)
+        sys.stderr.write(f"python -m daifu: error: daifu supports CPython {supported}, not "
+                         f"{sys.implementation.name} {sys.version_info[0]}."
+                         f"{sys.version_info[1]}; use one of those, or --unprotected to run the "
+                         "program without crash interception\n")
+        raise SystemExit(2)
+    if script is None and module is None:
+        _parser().print_usage(sys.stderr)
+        sys.stderr.write("python -m daifu: error: no script or -m module given (see --help)\n")
+        raise SystemExit(2)
+    if module in LAUNCHERS or (script is not None and os.path.basename(script) in LAUNCHERS):
+        sys.stderr.write(
+            f"python -m daifu: error: {'-m ' + module if module else script} would vaccinate "
+            "the launcher, not the workers it starts: nothing would be protected.  Put daifu "
+            "in each worker instead:\n"
+            "  torchrun [torchrun options] -m daifu [daifu options] train.py [args]\n")
+        raise SystemExit(2)
+
+
+def _configured(ns: Any, script: str | None) -> Config:
+    """The run's ``Config``: the environment, then the options; exit 2 on a
+    bad one, or on a script that does not exist (as python does)."""
+    try:
+        cfg = Config.from_env()
+        if ns is not None:
+            cfg.override(ns)
+        cfg.validate()
+        for path in cfg.fixes:
+            if not os.path.isfile(path):
+                raise ConfigError(f"fixes file not found: {path}")
+        if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
+            # (0600, never through a symbolic link: it shows the program's code)
+            from .._private import open_private
+
+            os.close(open_private(cfg.dump, "the dump (--dump)", ConfigError, sink=True))
+    except ConfigError as exc:
+        sys.stderr.write(f"python -m daifu: error: {exc}\n")
+        raise SystemExit(2) from None
+    if script is not None:
+        if not os.path.exists(script):
+            # what `python missing.py` says, with the same status
+            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: "
+                             f"[Errno 2] No such file or directory\n")
+            raise SystemExit(2)
+        cfg.main = os.path.abspath(script)
+    return cfg
 
 
 def _project_of(script: str | None, module: str | None):

@@ -206,6 +206,26 @@ class _Tables:
 _CHUNK = -1  # (the opcode of a chunk among the laid-out instructions)
 
 
+def _filled(tpl: _Template, tables: _Tables) -> bytearray:
+    """A chunk's template code with its table indices filled in (``_Expand``
+    when one does not fit in a byte)."""
+    body = bytearray(tpl.code)
+    for pos, how, value in tpl.patches:
+        at = tables.index(how, value)
+        if at > 0xFF:
+            raise _Expand
+        body[pos] = at
+    return body
+
+
+def _resolve_jumps(jumps: list[int], opcodes: list[int], args: list, starts: list[int],
+                   label_off: dict) -> None:
+    """Each jump's argument: the distance to its label, in code units."""
+    for j in jumps:
+        dest = label_off[args[j]]
+        args[j] = starts[j + 1] - dest if opcodes[j] in _BACKWARD_JUMPS else dest - starts[j + 1]
+
+
 class _Layout:
     """Items encoded and laid out: per instruction (a chunk counts as one)
     its opcode, argument, exception-table entry, location, size in code
@@ -232,12 +252,7 @@ class _Layout:
                 chunk = it.chunk
                 assert chunk is not None  # an item is a label, an instruction or a chunk
                 tpl = _template(chunk)
-                body = bytearray(tpl.code)
-                for pos, how, value in tpl.patches:
-                    at = tables.index(how, value)
-                    if at > 0xFF:
-                        raise _Expand
-                    body[pos] = at
+                body = _filled(tpl, tables)
                 inner.append((chunk.fallback, len(opcodes), tpl.fallback_at))
                 opcodes.append(_CHUNK)
                 args.append(body)
@@ -293,10 +308,7 @@ class _Layout:
             raise _NotSpliced("jumps did not settle")
         for label, index, offset in inner:
             label_off[label] = starts[index] + offset
-        for j in jumps:
-            opcode = opcodes[j]
-            dest = label_off[args[j]]
-            args[j] = starts[j + 1] - dest if opcode in _BACKWARD_JUMPS else dest - starts[j + 1]
+        _resolve_jumps(jumps, opcodes, args, starts, label_off)
         self.opcodes, self.args, self.keys, self.locations = opcodes, args, keys, locations
         self.units, self.starts, self.label_off = units, starts, label_off
         self.end = starts[len(opcodes)]

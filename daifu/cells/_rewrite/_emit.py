@@ -418,6 +418,38 @@ def _reraise(entry) -> list[_Item]:
             _Item(_instr("RERAISE", 1, _NOWHERE), entry)]
 
 
+def _barrier_call(b: int, loc) -> list:
+    """The call of the barrier in a group's stub, with a stack of base depth
+    ``b`` (stack: ..., lasti, exc, ref, passing, profile, trace; the
+    barrier's answer pushed)."""
+    call = [
+        *_sys_callable(_slot(P_BARRIER, loc), 3, loc),
+        _instr("COPY", 7, loc),  # exc
+        _instr("COPY", 7, loc),  # ref
+        _instr("COPY", 10, loc),  # lasti
+    ]
+    for _ in range(b):  # the whole stack below the cell, slot 0 first
+        call.append(_instr("COPY", b + 11, loc))
+    call.append(_instr("BUILD_TUPLE", b, loc))
+    return call + _call(4, loc)
+
+
+def _continuation_call(loc) -> list:
+    """Call the continuation the barrier answered (``(function, args)``) and
+    return what it returns."""
+    return [
+        _instr("SWAP", 4, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
+        _instr("POP_TOP", loc=loc),
+        _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
+        *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
+          if PY.null_below_callable else
+          [_instr("SWAP", 2, loc), _instr("PUSH_NULL", loc=loc),
+           _instr("SWAP", 2, loc)]),  # fn, NULL, args
+        _instr("CALL_FUNCTION_EX", 0, loc),
+        _instr("RETURN_VALUE", loc=loc),
+    ]
+
+
 def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback: Label, entry,
 ) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
@@ -435,17 +467,7 @@ def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback:
     sys_key = (fallback_sys, False, b + 4)  # (the same, with ``passing`` on the stack)
     traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
-    # stack: ..., lasti, exc, ref, passing, profile, trace
-    call = [
-        *_sys_callable(_slot(P_BARRIER, loc), 3, loc),
-        _instr("COPY", 7, loc),  # exc
-        _instr("COPY", 7, loc),  # ref
-        _instr("COPY", 10, loc),  # lasti
-    ]
-    for _ in range(b):  # the whole stack below the cell, slot 0 first
-        call.append(_instr("COPY", b + 11, loc))
-    call.append(_instr("BUILD_TUPLE", b, loc))
-    call += _call(4, loc)
+    call = _barrier_call(b, loc)
     items = _passing(guard_key, sys_key, entry, own)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
@@ -475,21 +497,11 @@ def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback:
     if generator:  # no continuation in new code for a generator's frame
         items += _reraise(entry)
     else:
-        # continue in new code (a reload changed this very function): call the
-        # continuation and return what it returns.  Not covered by any handler:
-        # the continuation runs the user's with/finally exits itself, and its
-        # exception must leave this frame untouched.
-        items += _items([
-            _instr("SWAP", 4, loc), _instr("POP_TOP", loc=loc), _instr("POP_TOP", loc=loc),
-            _instr("POP_TOP", loc=loc),
-            _instr("UNPACK_SEQUENCE", 2, loc),  # (fn, args) -> args, fn
-            *([_instr("PUSH_NULL", loc=loc), _instr("SWAP", 3, loc)]  # NULL, fn, args
-              if PY.null_below_callable else
-              [_instr("SWAP", 2, loc), _instr("PUSH_NULL", loc=loc),
-               _instr("SWAP", 2, loc)]),  # fn, NULL, args
-            _instr("CALL_FUNCTION_EX", 0, loc),
-            _instr("RETURN_VALUE", loc=loc),
-        ], None)
+        # continue in new code (a reload changed this very function).  Not
+        # covered by any handler: the continuation runs the user's
+        # with/finally exits itself, and its exception must leave this frame
+        # untouched.
+        items += _items(_continuation_call(loc), None)
     # (exception,): raised where the statement failed (the barrier gave it a
     # traceback entry for this frame at the failing instruction); the user's
     # handlers, with exits and finally blocks see it as if the statement had

@@ -260,24 +260,12 @@ def _nbytes(state: Any) -> int:
     return 0
 
 
-def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
-         directory: str | None = None, path: str | None = None, read_locals=None,
-         say=None, extra: dict[str, Any] | None = None, point: Any = None
-         ) -> dict[str, Any] | None:
-    """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
-    "objects", "position"}``, or None when there is nothing to save.  Raises
-    ``CheckpointError`` (nothing written) when it cannot be written.
-    ``point``: the resume point (``_resume.KEEPER``), or None for the RNG as
-    it is now and no loader positions."""
-    found = collect(frame, read_locals)
-    if found is None:
-        return None
+def _state(found: dict[str, Any], point: Any, say: Any) -> dict[str, Any]:
+    """Each object's ``state_dict()``, and the resume point's RNG, loader
+    positions, loop and generators (as they are now without one)."""
     torch = sys.modules["torch"]
-    from ..._version import __version__
-
-    objects = found["objects"]
     state: dict[str, Any] = {}
-    for kind, named in objects.items():
+    for kind, named in found["objects"].items():
         state[kind] = {}
         for name, obj in named.items():
             try:
@@ -297,6 +285,25 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     state["loop"] = point.loop() if point is not None else None
     # the program's own generators (``env._np_random``, ``dataset.rng``)
     state["generators"] = point.generators() if kept is not None else {}
+    return state
+
+
+def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
+         directory: str | None = None, path: str | None = None, read_locals=None,
+         say=None, extra: dict[str, Any] | None = None, point: Any = None
+         ) -> dict[str, Any] | None:
+    """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
+    "objects", "position"}``, or None when there is nothing to save.  Raises
+    ``CheckpointError`` (nothing written) when it cannot be written.
+    ``point``: the resume point (``_resume.KEEPER``), or None for the RNG as
+    it is now and no loader positions."""
+    found = collect(frame, read_locals)
+    if found is None:
+        return None
+    from ..._version import __version__
+
+    objects = found["objects"]
+    state = _state(found, point, say)
     state["format"] = FORMAT
     state["position"] = found["position"]
     state["where"] = where
@@ -324,10 +331,22 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     # (``trainer.fit(ckpt_path=ck["frameworks"]["lightning"])``)
     frameworks = _framework_checkpoints(found["trainers"], path, say)
     state["frameworks"] = frameworks
+    started = time.perf_counter()
+    _write(state, path, size)
+    names = {kind: sorted(named) for kind, named in objects.items() if named}
+    seconds = time.perf_counter() - started
+    return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
+            "objects": names, "position": found["position"], "frameworks": frameworks}
+
+
+def _write(state: dict[str, Any], path: str, size: int) -> None:
+    """``torch.save`` into a private temporary file, then renamed to
+    ``path``: never a partial file under the final name.  Raises
+    ``CheckpointError`` (nothing written)."""
+    torch = sys.modules["torch"]
     # (a unique name: containers that share the directory have pids alike)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.urandom(6).hex()}"
                                               f"{_TMP}")
-    started = time.perf_counter()
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                      0o600)
@@ -356,10 +375,6 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
             reason = f"{os.strerror(errno.ENOSPC)} ({reason.splitlines()[0][:200]})"
         raise CheckpointError(f"cannot write the checkpoint {path}: {reason} "
                               "(nothing was written)") from None
-    names = {kind: sorted(named) for kind, named in objects.items() if named}
-    seconds = time.perf_counter() - started
-    return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
-            "objects": names, "position": found["position"], "frameworks": frameworks}
 
 
 #: the end of a temporary checkpoint file's name
