@@ -1,5 +1,5 @@
-"""Reaching a distributed job's ranks through its store (``engine/_jobstore``,
-``engine/_seal``): only this user's sealed commands are taken, once, fresh;
+"""Reaching a distributed job's ranks through its store (``engine/remote/_jobstore``,
+``engine/remote/_seal``): only this user's sealed commands are taken, once, fresh;
 answers are sealed; nobody who reads the store learns what was said."""
 
 from __future__ import annotations

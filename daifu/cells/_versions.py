@@ -10,7 +10,7 @@ A version is supported when its entry is marked ``tested``: 3.11 and 3.13 are
 (the whole test suite runs on both).  3.12 and 3.14 have entries written from
 their documentation and ``dis`` changes; they are refused (the program runs
 unmodified, with a warning) until the suite has run on them -- docs/
-architecture.md ("Versions as data") lists what each would still need.
+architecture.md ("cells: the rewrite") says what each would still need.
 """
 
 from __future__ import annotations

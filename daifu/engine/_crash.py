@@ -13,9 +13,8 @@ from ..cells import Capabilities, Cell, FrameContext, cells_of, read_locals
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
-
-    from ._engine import Engine
 
 
 class Crash(Capabilities):
@@ -37,12 +36,14 @@ class Crash(Capabilities):
     ``focus`` (the frame a console looks at: 0 = the crashed one).
     """
 
-    def __init__(self, engine: Engine, exc: BaseException, cell: Cell, frame: types.FrameType,
-                 lasti: int, stack: tuple, attempt: int, started: float):
+    def __init__(self, submit: Callable[[Any, Crash], Any], exc: BaseException, cell: Cell,
+                 frame: types.FrameType, lasti: int, stack: tuple, attempt: int,
+                 started: float):
         from ._decision import Resolution
         from ._queue import PatchQueue
 
-        self._engine = engine
+        #: the engine's way to apply a patch to this crash now (``Engine.submit``)
+        self._submit = submit
         #: patches for this crash (rules, console, attach, replay put them here;
         #: the engine applies them in order while the frame waits)
         self.patches = PatchQueue()
@@ -162,7 +163,7 @@ class Crash(Capabilities):
         """
         from ._queue import ExecPatch
 
-        self._engine.submit(ExecPatch(code), self)
+        self._submit(ExecPatch(code), self)
 
     def eval(self, expr: str) -> Any:
         """Evaluate an expression in the crashed frame's context."""

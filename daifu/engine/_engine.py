@@ -331,7 +331,7 @@ class Engine(Retries, Patches, Outcomes):
             self._count("recovered", -1)  # that retry did not recover it after all
         attempt = pending.attempt + 1 if pending else 1
         started = pending.started if pending else time.perf_counter()
-        crash = Crash(self, exc, cell, frame, lasti, stack, attempt, started)
+        crash = Crash(self.submit, exc, cell, frame, lasti, stack, attempt, started)
         self._count("crashes", 1)
         self._tls.crash = crash
         group = self.repeats.begin((crash.where, type(exc).__qualname__, exception_text(exc)))
@@ -362,7 +362,7 @@ class Engine(Retries, Patches, Outcomes):
         decision resumes it, running nothing twice."""
         if id(exc) in self._forward:  # a decision taken at the pause, for this caller
             return self._handle(exc, cell, lasti, stack, frame)
-        crash = Crash(self, exc, cell, frame, lasti, stack, 1, time.perf_counter())
+        crash = Crash(self.submit, exc, cell, frame, lasti, stack, 1, time.perf_counter())
         self._tls.crash = crash
         try:
             emit(BreakPaused(where=crash.where, function=crash.function,
@@ -438,7 +438,7 @@ class Engine(Retries, Patches, Outcomes):
             return decision, "queued patch"
         if self.replay is not None:
             try:
-                self.replay.offer(crash, self)
+                self.replay.offer(crash)
             except Exception:
                 self._internal("replay", crash)
             decision = self._drain(crash)

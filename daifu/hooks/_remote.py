@@ -413,7 +413,7 @@ def stacks(args: list[str]) -> int:
 
 def _stacks_everywhere(ranks) -> int:
     """``stacks --job`` through the job's store: every rank's threads and last
-    collectives, then what is out of step (``engine/_doctor``)."""
+    collectives, then what is out of step (``engine/remote/_doctor``)."""
     from ..engine import diagnose, place
     from ..engine import render_diagnosis as render
 

@@ -1,7 +1,7 @@
 """``python -m daifu send PID break``: pause a running job at its next
 statement in a vaccinated frame, with no exception of the program raised.
 
-How (see docs/architecture.md, "break"):
+How (docs/architecture.md, "engine/human"):
 
 1. the runner installs a Python handler for ``BREAK_SIGNAL`` (a real-time
    signal no program is likely to use) unless the program has its own;

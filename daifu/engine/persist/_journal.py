@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._crash import Crash
-    from .._engine import Engine
 
 
 _DISTRIBUTED = distributed()
@@ -316,7 +315,7 @@ class Replay:
             elif record["type"] == "always":
                 self.standing.append(record)
 
-    def offer(self, crash: Crash, engine: Engine) -> bool:
+    def offer(self, crash: Crash) -> bool:
         key = crash_key(crash)
         for rec in self.crashes:
             if rec.used or rec.key != key:

@@ -574,7 +574,7 @@ def _rank() -> str:
 # -- job decisions ---------------------------------------------------------------
 #
 # The ranks meet in the job's store, which anyone who can reach its port may
-# read and write (docs/architecture.md, threat model).  So every value a rank
+# read and write (docs/architecture.md, "Security").  So every value a rank
 # reads there is sealed with this user's key (``_seal``) for its place --
 # the job, the round, the rank, the phase -- and one that is not is dropped
 # (``store.dropped``).  A sealed value can still be replayed: a rank's value
