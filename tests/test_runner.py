@@ -409,7 +409,7 @@ def test_overlapping_guards_of_the_programs_random_leave_it_as_it_was():
     import random
     import threading
 
-    from daifu.engine._events import program_random_untouched
+    from daifu.engine._quietrandom import program_random_untouched
 
     before = {name: getattr(random, name) for name in ("random", "getstate", "getrandbits")}
     random.seed(99)

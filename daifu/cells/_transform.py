@@ -30,6 +30,7 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     import ast
 
+    from ._cache import CodeCache
     from ._source import ModuleSource
 
 
@@ -125,7 +126,11 @@ class _Options:
     cache = None  # a _cache.CodeCache, or None: no cache
 
     def reset(self) -> None:
-        self.strict, self.dump, self.cache = False, None, None
+        self.configure(strict=False, dump=None, cache=None)
+
+    def configure(self, strict: bool, dump: str | None, cache: CodeCache | None) -> None:
+        """The transform's settings, all at once (the runner's ``Config.apply``)."""
+        self.strict, self.dump, self.cache = strict, dump, cache
 
 
 options = _Options()
@@ -146,7 +151,8 @@ def use_barrier(barrier: Callable, passing: list) -> None:
 
 
 def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None,
-                    record: bool = True, warn: bool = True) -> None:
+                    record: bool = True, warn: bool = True, strict: bool | None = None
+                    ) -> None:
     if record:
         report.skipped.append((qualname, reason))
         report.skipped_lines.append(line)
@@ -154,18 +160,18 @@ def _not_vaccinated(report: Report, qualname: str, reason: str, line: int | None
             report.quiet.append(qualname)
     where = f"{report.filename}:{line}" if line else report.filename
     message = f"daifu: {qualname} ({where}) is not vaccinated and runs unmodified: {reason}"
-    if options.strict:
+    if options.strict if strict is None else strict:
         raise TransformError(message, qualname=qualname, filename=report.filename, reason=reason)
     if warn:
         warnings.warn(message, NotVaccinatedWarning, stacklevel=4)
 
 
-def _check_version(report: Report) -> Backend | None:
+def _check_version(report: Report, strict: bool | None = None) -> Backend | None:
     module, reason = backend()
     if module is None:
         report.skipped.append(("*", reason or "unsupported Python"))
         report.skipped_lines.append(None)
-        if options.strict:
+        if options.strict if strict is None else strict:
             raise TransformError(reason or "unsupported Python", filename=report.filename,
                                  reason=reason or "")
         if not RUNTIME.warned_version:
@@ -204,17 +210,22 @@ def vaccinate_module(
     selection: Selection,
     module: str | None = None,
     record: bool = True,
+    strict: bool | None = None,
 ) -> tuple[types.CodeType, Report]:
     """Vaccinate the selected code objects inside a module's code object.
     ``record``: the module's source becomes the one its file is known to run
-    (False: a reload's candidate, recorded only if the reload is applied)."""
+    (False: a reload's candidate, recorded only if the reload is applied).
+    ``strict``: a function that cannot be vaccinated raises ``TransformError``
+    (None: as ``--strict`` says)."""
+    if strict is None:
+        strict = options.strict
     report = Report(msrc.filename, module)
-    back = _check_version(report)
+    back = _check_version(report, strict)
     if back is None:
         return code, report
     # strict mode must report every function that cannot be vaccinated at
     # import, and a dump shows the rewrite: both rewrite the stubs' functions now
-    now = selection.eager or options.strict or bool(options.dump)
+    now = selection.eager or strict or bool(options.dump)
     stubs: list[_lazy.Pending] = []
 
     def walk(co: types.CodeType, parent: ast.AST | None) -> types.CodeType:
@@ -238,7 +249,7 @@ def vaccinate_module(
                 # program's own warnings, where -W error would fail its import)
                 _not_vaccinated(report, co.co_qualname, str(exc), co.co_firstlineno,
                                 warn=getattr(exc, "kind", "") != "async"
-                                or selection.names(co, scope, module))
+                                or selection.names(co, scope, module), strict=strict)
             else:
                 report.vaccinated.append(info)
                 if options.dump:

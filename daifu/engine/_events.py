@@ -496,79 +496,10 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
-#: the ``random`` functions a module may call when it is imported
-_RANDOM_FUNCTIONS = ("random", "getrandbits", "randint", "randrange", "choice", "choices",
-                     "shuffle", "sample", "uniform", "gauss", "normalvariate", "randbytes",
-                     "seed", "getstate", "setstate")
-
-
-#: thread ident -> [private generator, depth] while ``program_random_untouched`` runs in it
-_private_random: dict[int, list[Any]] = {}
-#: the program's ``random`` functions, while the wrappers stand in for them
-_random_originals: dict[str, Any] = {}
-_random_lock = threading.Lock()
-
-
-def _random_wrapper(name: str, original: Any) -> Any:
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        private = _private_random.get(threading.get_ident())
-        if private is not None:
-            return getattr(private[0], name)(*args, **kw)
-        return original(*args, **kw)
-
-    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
-    wrapper.__daifu_random__ = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-@contextlib.contextmanager
-def program_random_untouched() -> Iterator[None]:
-    """Imports daifu makes (structlog, and through it ``rich``, whose
-    ``rich.style`` calls ``random.getrandbits`` at import) must not draw from
-    the program's global ``random`` generator: a seeded program would get
-    other numbers under daifu than under python.  While the block runs, the
-    module-level ``random`` functions give this thread a private generator
-    and every other thread (the program's) the program's own, untouched.
-
-    One set of wrappers serves every thread in such a block (the preload
-    thread's and a crash's in the main thread can overlap, in any order):
-    installed by the first to enter, removed by the last to leave.  Two
-    independent swaps, left in the wrong order, would leave the main
-    thread's wrapper installed for good -- and the program's ``random``, and
-    the checkpoint's ``random.getstate()``, on a private generator."""
-    import random
-
-    me = threading.get_ident()
-    with _random_lock:
-        if not _private_random:
-            for name in _RANDOM_FUNCTIONS:
-                original = getattr(random, name, None)
-                if original is None or getattr(original, "__daifu_random__", False):
-                    continue
-                _random_originals[name] = original
-                setattr(random, name, _random_wrapper(name, original))
-        entry = _private_random.get(me)
-        if entry is None:
-            _private_random[me] = [random.Random(), 1]
-        else:
-            entry[1] += 1
-    try:
-        yield
-    finally:
-        with _random_lock:
-            entry = _private_random[me]
-            entry[1] -= 1
-            if not entry[1]:
-                del _private_random[me]
-            if not _private_random:
-                for name, original in _random_originals.items():
-                    if getattr(getattr(random, name, None), "__daifu_random__", False):
-                        setattr(random, name, original)
-                _random_originals.clear()
-
-
 def warm() -> None:
     """Import what building the logger imports (``_preload``)."""
+    from ._quietrandom import program_random_untouched  # (only where a logger is built)
+
     _building.on = True
     try:
         with program_random_untouched():
@@ -589,6 +520,8 @@ def _write_deferred() -> None:
 
 
 def _build(sink: _Sink) -> Any:
+    from ._quietrandom import program_random_untouched  # (only where a logger is built)
+
     with program_random_untouched():
         import importlib.metadata  # noqa: F401 - see the module docstring
 

@@ -371,14 +371,8 @@ def _changed_files(overrides: dict[str, str]) -> dict[str, _File]:
         if loaded is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                from ..cells import options
-
-                strict, options.strict = options.strict, False
-                try:
-                    live_module, _ = vaccinate_module(plain_module, msrc, loaded.selection,
-                                                      loaded.module, record=False)
-                finally:
-                    options.strict = strict
+                live_module, _ = vaccinate_module(plain_module, msrc, loaded.selection,
+                                                  loaded.module, record=False, strict=False)
         else:
             live_module = plain_module
         defs: dict[str, list[tuple[types.CodeType, types.CodeType]]] = {}

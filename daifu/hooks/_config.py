@@ -472,9 +472,7 @@ class Config:
         from ..cells import options
         from ..engine import ENGINE
 
-        options.strict = self.strict
-        options.dump = self.dump
-        options.cache = self.code_cache()
+        options.configure(strict=self.strict, dump=self.dump, cache=self.code_cache())
         # (the journal and the waiters, set by ``setup_engine``, are kept)
         ENGINE.configure(replace(ENGINE.settings, **self._engine_options()))
 

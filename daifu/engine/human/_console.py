@@ -74,7 +74,8 @@ class Console(Frames, Inspect, Ranks, cmd.Cmd):
     intro = None
 
     def __init__(self, crash: Crash, apply: Apply, *, stdin: IO[str] | None = None,
-                 stdout: IO[str] | None = None, origin: str = "console", local: bool = True):
+                 stdout: IO[str] | None = None, origin: str = "console", local: bool = True,
+                 scope: str = "rank"):
         super().__init__(stdin=stdin, stdout=stdout)
         self.crash = crash
         #: the console's only way into the job: patches, applied by the engine
@@ -90,7 +91,7 @@ class Console(Frames, Inspect, Ranks, cmd.Cmd):
         self.level: int = crash.focus
         self._listed: int | None = None  # where ``l`` goes on from
         #: "job": decisions are for every rank of the distributed job (``all ...``)
-        self.scope = "rank"
+        self.scope = scope
 
     # -- loop plumbing ---------------------------------------------------------------
 
@@ -426,7 +427,6 @@ def run_line(crash: Crash, apply: Apply, text: str, origin: str,
     first, _, rest = text.partition("\n")
     out = io.StringIO()
     console = Console(crash, apply, stdin=io.StringIO(rest), stdout=out, origin=origin,
-                      local=False)
-    console.scope = scope
+                      local=False, scope=scope)
     console.onecmd(console.precmd(first))
     return console, out.getvalue()
