@@ -334,9 +334,10 @@ def test_all_bang_statement_and_checkpoint_path_are_commands_not_python(program)
 
 def test_rank_n_on_rank_ns_own_console(program, monkeypatch):
     # `rank 1` on rank 1's console said rank 1 does not wait, though `ranks` listed it
+    from daifu.engine import _job
     from daifu.engine.remote import _jobstore
 
-    monkeypatch.setattr(_events, "distributed", lambda: {"job": "j", "rank": 1,
+    monkeypatch.setattr(_job, "distributed", lambda: {"job": "j", "rank": 1,
                                                          "world_size": 2})
     monkeypatch.setattr(_jobstore.JobRanks, "statuses", lambda self, timeout=5.0: {})
     seen = {}

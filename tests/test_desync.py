@@ -281,6 +281,6 @@ def test_without_a_process_group_a_launchers_environment_changes_nothing(monkeyp
     ({}, None),
 ])
 def test_a_jobs_identity_is_its_store_address_with_its_run_id(env, job):
-    from daifu.engine._events import job_identity
+    from daifu.engine._job import job_identity
 
     assert job_identity(env) == job

@@ -238,6 +238,7 @@ def test_the_runner_recovers_a_crash_in_a_method_with_default_settings(tmp_path)
     assert off.returncode == 1 and "ZeroDivisionError" in off.stderr
 
 
+@pytest.mark.slow
 def test_torch_compile_and_torchscript_of_stubbed_functions(tmp_path):
     pytest.importorskip("torch", reason="PyTorch not available")
     (tmp_path / "compiled.py").write_text(textwrap.dedent('''

@@ -344,6 +344,7 @@ LEFTOVERS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"]], ids=["dev", "error"])
 def test_no_thread_listed_and_no_resource_warning_at_exit(tmp_path, flags):
     # the stacks file (kept for faulthandler) and the --log file were

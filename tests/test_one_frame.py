@@ -208,6 +208,7 @@ def test_vaccinated_code_shipped_by_value_runs_unprotected_without_daifu(tmp_pat
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_torch_compile_fullgraph_before_the_first_call(tmp_path):
     """Under --lazy, ``torch.compile(f, fullgraph=True)`` before ``f``'s first
     call met the stub and killed the program; by default ``f`` is its

@@ -17,10 +17,11 @@ from . import _barrier
 from ._crash import Crash, is_plumbing
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, all_ranks
 from ._engine import ENGINE, Engine, EngineSettings, replace
-from ._events import ModuleVaccinated, emit, job_file_info, rank_unknown_yet
+from ._events import ModuleVaccinated, emit
 from ._events import configure as configure_events
-from ._events import placeholders as event_placeholders
 from ._guards import passing as _passing
+from ._job import job_file_info, rank_unknown_yet
+from ._job import placeholders as event_placeholders
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch
 from ._rules import Rule, RuleBook, Where
 from .human import _break

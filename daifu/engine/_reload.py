@@ -35,6 +35,7 @@ from ..cells import (
     CodeInfo,
     ModuleSource,
     backend,
+    cell_range,
     cells_of,
     code_infos,
     code_pairs,
@@ -527,7 +528,6 @@ def _caller_to_continue(crash: Crash, files: dict[str, _File], changed: dict[int
 def _why_not_continued(frame: types.FrameType, f: _File) -> int | str:
     """The line where a caller's failing statement -- the call -- is in the
     new source, or why that caller cannot continue in its new code."""
-    from ..cells import cell_range
 
     info = cells_of(frame.f_code)
     if info is None:

@@ -14,6 +14,8 @@ import os
 import sys
 import types
 
+from ._finder import compile_vaccinated
+
 
 def activate() -> None:
     """Run in a spawned child before multiprocessing's own bootstrap."""
@@ -61,7 +63,6 @@ def _patch_main_fixup(cfg) -> None:
 
 def _run_path_vaccinated(path: str, run_name: str, cfg) -> dict:
     """``runpy.run_path(path, run_name=...)`` with the script vaccinated."""
-    from ._finder import compile_vaccinated
 
     with open(path, "rb") as fh:
         source = fh.read()

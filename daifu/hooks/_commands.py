@@ -15,6 +15,14 @@ import sys
 import time
 from collections.abc import Callable
 
+from .._private import check_private, open_private
+from .._version import __version__
+from ..cells import backend
+from ..cells import default_directory as cache_directory
+from ..engine import EndpointError, JournalError, journals, runtime_dir
+from ..engine import journal_directory as default_directory
+from . import _remote
+
 USAGE = {
     "ps": ("python -m daifu ps [--json]\n  list this user's daifu jobs on this machine: "
            "those that wait on a crash first, then those running"),
@@ -41,9 +49,6 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def journal(args: list[str]) -> int:
-    from ..engine import journal_directory as default_directory
-    from ..engine import journals
-
     if not args:
         found = journals()
         if not found:
@@ -70,9 +75,6 @@ def journal(args: list[str]) -> int:
 
 
 def _show(path: str) -> int:
-    from .._private import open_private
-    from ..engine import JournalError
-
     try:
         fd = open_private(path, "the journal", JournalError, os.O_RDONLY)
         with os.fdopen(fd, "rb") as fh:
@@ -116,8 +118,6 @@ def _show(path: str) -> int:
 
 def doctor(args: list[str]) -> int:
     """Check what daifu needs; exit 1 if something would keep it from working."""
-    from .._version import __version__
-    from ..cells import backend
 
     problems = 0
 
@@ -136,20 +136,15 @@ def doctor(args: list[str]) -> int:
         check(True, "bytecode library", getattr(bytecode, "__version__", "?"))
     except ImportError as exc:
         check(False, "bytecode library", str(exc))
-    from ..engine import EndpointError, runtime_dir
 
     try:
         check(True, "private directory for control sockets", runtime_dir())
     except EndpointError as exc:
         check(False, "private directory for control sockets", str(exc))
-    from ..engine import journal_directory as default_directory
-    from ..engine import journals
 
     found = journals()
     size = sum(e.stat(follow_symlinks=False).st_size for e in found)
     check(True, "journals", f"{len(found)} in {default_directory()} ({size / 1e6:.1f} MB)")
-    from .._private import check_private
-    from ..cells import default_directory as cache_directory
 
     cache = cache_directory()
     if os.path.isdir(cache):
@@ -186,7 +181,6 @@ def run(name: str, args: list[str], print_help: Callable[[], None]) -> int:
     if _wants_help(args):
         print(USAGE[name])
         return 0
-    from . import _remote
 
     table: dict[str, Callable[[list[str]], int]] = {
         "ps": _remote.ps, "attach": _remote.attach, "send": _remote.send,

@@ -27,17 +27,16 @@ import warnings
 from typing import Any
 
 from .._errors import NotVaccinatedWarning
+from ..cells import ModuleSource, backend, vaccinate_module
+from ..engine import ENGINE
+from ._config import Config
+from ._install import install
 
 _CO_COROUTINE = 0x80
 _classes: dict[type, type] = {}
 
 
 def load_ipython_extension(ip: Any) -> None:
-    from ..cells import backend
-    from ..engine import ENGINE
-    from ._config import Config
-    from ._install import install
-
     back, reason = backend()
     if back is None:
         warnings.warn(f"daifu: {reason}", NotVaccinatedWarning, stacklevel=2)
@@ -89,8 +88,6 @@ def _call(self: Any, source: Any, filename: str, symbol: str) -> types.CodeType:
 
 
 def _vaccinate(code: types.CodeType, filename: str, selection: Any) -> types.CodeType:
-    from ..cells import ModuleSource, vaccinate_module
-
     text = "".join(linecache.getlines(filename))
     if not text:
         return code

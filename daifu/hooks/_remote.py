@@ -8,7 +8,19 @@ import os
 import sys
 import time
 
-from ..engine import ARMED_S, EndpointError, Session, list_jobs, request, running_jobs
+from ..engine import (
+    ARMED_S,
+    EndpointError,
+    JobRanks,
+    Session,
+    diagnose,
+    list_jobs,
+    place,
+    request,
+    running_jobs,
+    stacks_path,
+)
+from ..engine import render_diagnosis as render
 
 #: exit statuses of ``send``
 RESUMED, STILL_WAITING, FAILED, NO_JOB = 0, 1, 2, 3
@@ -40,7 +52,6 @@ def ps(args: list[str]) -> int:
         print("no daifu job is running")
         return 0
     print(f"{'PID':>7}  {'STATE':<8} {'FOR':>7}  WHERE / PROGRAM")
-    from ..engine import place
 
     for job in jobs:
         if job["state"] == "waiting":
@@ -64,7 +75,6 @@ def ps(args: list[str]) -> int:
 def _other_nodes(here: list[dict], running: list[dict]) -> list[dict]:
     """The ranks on other nodes of the distributed jobs that have ranks here
     (through each job's store; ``_jobstore``)."""
-    from ..engine import JobRanks
 
     out = []
     for info in {j["job"]: j for j in running if "job" in j and "store" in j}.values():
@@ -201,8 +211,6 @@ def _job_of(pid: int) -> dict:
 
 
 def _send_job(pid: int, text: str) -> int:
-    from ..engine import JobRanks, place
-
     try:
         info = _job_of(pid)
         ranks = JobRanks(info)
@@ -237,7 +245,6 @@ def _send_job(pid: int, text: str) -> int:
 def _send_rank(pid: int, rank: int, text: str) -> int:
     """``send --job PID --rank N COMMAND``: to rank N of PID's job alone (a
     rank-local command, checked there as one), on any node."""
-    from ..engine import JobRanks, place
 
     try:
         info = _job_of(pid)
@@ -324,7 +331,6 @@ def attach(args: list[str]) -> int:
 
 def _read_stacks(job: dict, timeout: float = 3.0) -> str | None:
     """Ask a running job for its threads' stacks (``_rundir.serve_stacks``)."""
-    from ..engine import stacks_path
 
     pid, signum = job["pid"], job.get("stacks_signal")
     if not signum:
@@ -414,8 +420,6 @@ def stacks(args: list[str]) -> int:
 def _stacks_everywhere(ranks) -> int:
     """``stacks --job`` through the job's store: every rank's threads and last
     collectives, then what is out of step (``engine/remote/_doctor``)."""
-    from ..engine import diagnose, place
-    from ..engine import render_diagnosis as render
 
     answers = ranks.stacks()
     for rank, answer in sorted(answers.items()):

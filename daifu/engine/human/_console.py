@@ -22,6 +22,7 @@ from ..._runtime import RUNTIME
 from .. import _events
 from .._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, Decision
 from .._queue import AlwaysPatch, Apply, CheckpointPatch, DecisionPatch, ReloadPatch
+from ._break import is_break
 from ._frames import Frames
 from ._inspect import Inspect
 from ._ranks import Ranks
@@ -196,7 +197,6 @@ class Console(Frames, Inspect, Ranks, cmd.Cmd):
 
     def do_continue(self, arg: str) -> bool:
         """continue: resume a job paused by break (nothing runs twice)"""
-        from ._break import is_break
 
         if not is_break(self.crash.exception):
             self.ok = False

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .. import _events
+from .. import _job
 from .._queue import Apply
+from ..remote._control import EndpointError
+from ..remote._jobstore import JobRanks, place
 
 if TYPE_CHECKING:
     from .._crash import Crash
@@ -33,9 +35,8 @@ class Ranks:
     def _job_ranks(self):
         """(the job's ranks, the *other* ranks that wait on a crash, every
         rank's status that answered), or None outside a distributed job."""
-        from ..remote._jobstore import JobRanks
 
-        info = _events.job_file_info()
+        info = _job.job_file_info()
         if info.get("job") is None:
             self.ok = False
             self.say("this process is not a rank of a distributed job")
@@ -49,13 +50,12 @@ class Ranks:
 
     def do_ranks(self, arg: str) -> bool:
         """ranks: the job's ranks that wait on a crash (on every node, through the job's store)"""
-        from ..remote._jobstore import place
 
         found = self._job_ranks()
         if found is None:
             return False
         ranks, others, statuses = found
-        me = _events.distributed()
+        me = _job.distributed()
         self.say(f"> rank {me.get('rank')} (pid {os.getpid()}): {self.crash.where} "
                  f"{type(self.crash.exception).__qualname__}: {self.crash.statement}")
         for job in others:
@@ -73,13 +73,12 @@ class Ranks:
 
     def do_rank(self, arg: str) -> bool:
         """rank N: talk to rank N's crash (``back`` returns here)"""
-        from ..remote._control import EndpointError
 
         found = self._job_ranks()
         if found is None:
             return False
         ranks, others, _ = found
-        if arg.strip() == str(_events.distributed().get("rank")):
+        if arg.strip() == str(_job.distributed().get("rank")):
             self.say(f"this is rank {arg.strip()}'s own crash (the console already talks to "
                      "it)")
             return False
@@ -98,7 +97,7 @@ class Ranks:
             while True:
                 line = self._readline(prompt)
                 if line is None or line.strip() == "back":
-                    self.say(f"back at rank {_events.distributed().get('rank')}")
+                    self.say(f"back at rank {_job.distributed().get('rank')}")
                     return False
                 if not line.strip():
                     continue
@@ -110,7 +109,7 @@ class Ranks:
                     return False
                 if reply.get("resumed") or reply.get("decision"):
                     self.say(f"rank {arg.strip()}: {reply.get('decision')}; back at rank "
-                             f"{_events.distributed().get('rank')}")
+                             f"{_job.distributed().get('rank')}")
                     return False
         except (EndpointError, OSError) as exc:
             self.ok = False

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ... import cells as _registry
 from ..._record import field, record
+from ...cells import backend, cell_range, cells_of, read_locals
 from .._crash import _installed, exception_text, is_plumbing, library_package
-from .._events import distributed
+from .._job import distributed
+from ._break import is_break
 
 if TYPE_CHECKING:
     from .._crash import Crash
@@ -203,8 +205,6 @@ def user_traceback(exc: BaseException, frame: types.FrameType | None = None) -> 
 
 
 def options(crash: Crash) -> list[str]:
-    from ._break import is_break
-
     if is_break(crash.exception):
         said = ["continue (run on from here: the statement has not started)",
                 "skip (leave the statement out)" if crash.can_skip else "",
@@ -306,8 +306,6 @@ def _lookup(expr, names: dict, globals_: dict) -> Any:
 
 
 def read_locals_safe(frame: types.FrameType) -> dict:
-    from ...cells import read_locals
-
     try:
         return read_locals(frame)
     except Exception:
@@ -434,12 +432,9 @@ def done_before(crash: Crash) -> list[str]:
 
 
 def _done_before(code: types.CodeType, lasti: int) -> list[str]:
-    from ...cells import cell_range, cells_of
-
     info = cells_of(code)
     if info is None:
         return []
-    from ...cells import backend
 
     back, _ = backend()
     if back is None:

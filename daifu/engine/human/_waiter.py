@@ -22,11 +22,11 @@ from .._events import (
     InternalError,
     NotifyFailed,
     NotifySent,
-    distributed,
     emit,
     logs_to_terminal,
     tell,
 )
+from .._job import distributed
 from .._queue import DecisionPatch
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)

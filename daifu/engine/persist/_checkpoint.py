@@ -32,6 +32,9 @@ import types
 from typing import Any
 
 from ..._private import check_private
+from ..._version import __version__
+from ...cells import original_code
+from .._job import distributed
 
 #: state above this size is announced with an estimate before the save
 LARGE_BYTES = 1 << 30
@@ -137,8 +140,6 @@ def _frames(frame: types.FrameType | None) -> list[types.FrameType]:
 
 
 def _has_loop(code: types.CodeType) -> bool:
-    from ...cells import original_code
-
     # (the original code: a vaccinated one has jumps back of its own; a
     # ``while`` loop has no loop-header cell)
     raw = original_code(code).co_code
@@ -300,7 +301,6 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     found = collect(frame, read_locals)
     if found is None:
         return None
-    from ..._version import __version__
 
     objects = found["objects"]
     state = _state(found, point, say)
@@ -386,8 +386,6 @@ def _file_name() -> str:
     the ranks of a job, the machines and the containers that share a
     directory (a container's pids repeat another's: pid 1 in each)."""
     import socket
-
-    from .._events import distributed
 
     main = sys.modules.get("__main__")
     stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]

@@ -25,7 +25,8 @@ from ..._errors import DaifuWarning
 from ..._private import check_private, open_private
 from .._crash import exception_text
 from .._decision import Decision
-from .._events import Event, distributed, emit, event, placeholders, rank_unknown_yet
+from .._events import Event, emit, event
+from .._job import distributed, placeholders, rank_unknown_yet
 from .._queue import DecisionPatch, ExecPatch, Patch, ReloadPatch, ReplacePatch
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)

@@ -603,7 +603,7 @@ def _key() -> bytes:
 
 
 def _job() -> str:
-    from .._events import distributed
+    from .._job import distributed
 
     return str(distributed().get("job") or "")
 

@@ -46,6 +46,11 @@ import sys
 import threading
 import time
 
+from .._crash import _installed, is_plumbing
+from .._events import RelayUnavailable, emit
+from .._job import distributed, job_file_info
+from ._control import SEND_TIMEOUT_S, EndpointError, Session, list_jobs, request, send_to_ranks
+from ._rundir import running_jobs
 from ._seal import SealError, fingerprint, load_key, seal, unseal
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -416,7 +421,6 @@ def _store_gone(store) -> bool:
 
 def _answer(message: dict, rank: int) -> dict:
     """What the rank answers to one command (never raises)."""
-    from ._control import EndpointError, request
 
     op = message.get("op")
     me = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
@@ -445,8 +449,6 @@ def _answer(message: dict, rank: int) -> dict:
 
 
 def _running() -> dict:
-    from .._events import distributed
-
     return {"state": "running", "argv": sys.argv[:], "cwd": os.getcwd(),
             "started": _STARTED, **distributed()}
 
@@ -455,8 +457,6 @@ _STARTED = time.time()
 
 
 def _report() -> dict:
-    from ._control import EndpointError, Session
-
     try:
         session = Session(os.getpid())
     except (EndpointError, OSError):
@@ -471,8 +471,6 @@ def stacks(limit: int = 12) -> dict:
     """This process's threads' Python stacks (innermost last, as tracebacks
     print them) and its last collectives (PyTorch's flight recorder)."""
     import traceback
-
-    from .._crash import _installed, is_plumbing
 
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
@@ -553,7 +551,6 @@ def start_relay() -> None:
     (``relay.unavailable``), not first when someone sends it a command."""
     if _relay or not enabled():
         return
-    from .._events import RelayUnavailable, emit, job_file_info
 
     where: dict = {}
     try:
@@ -769,8 +766,6 @@ class JobRanks:
         crashed) or "running"."""
         if self.channel is not None:
             return self.channel.ask(None, {"op": "status"}, timeout)
-        from ._control import list_jobs
-        from ._rundir import running_jobs
 
         out: dict[int, dict] = {}
         for job in running_jobs():
@@ -786,7 +781,6 @@ class JobRanks:
     def send(self, ranks: list[dict], text: str, scope: str = "job",
              timeout: float | None = None) -> dict[int, dict]:
         """``text`` to the waiting ``ranks`` (their statuses) at once."""
-        from ._control import SEND_TIMEOUT_S, send_to_ranks
 
         if self.channel is not None:
             return self.channel.ask([int(r["rank"]) for r in ranks],
@@ -801,7 +795,6 @@ class JobRanks:
         """A console session with one waiting rank (``open``, ``command``, ``close``)."""
         if self.channel is not None:
             return _StoreSession(self.channel, int(status["rank"]))
-        from ._control import Session
 
         return Session(int(status["pid"]))
 
@@ -833,8 +826,6 @@ class JobRanks:
 
 
 def _local_send(pid: int, text: str) -> dict:
-    from ._control import EndpointError, request
-
     try:
         return request(pid, {"op": "send", "cmd": text})
     except (EndpointError, OSError) as exc:
@@ -860,8 +851,6 @@ class _StoreSession:
         return self._one({"op": "report"}, 30.0)
 
     def command(self, text: str) -> dict:
-        from ._control import SEND_TIMEOUT_S
-
         return self._one({"op": "send", "cmd": text, "scope": "rank"}, SEND_TIMEOUT_S)
 
     def close(self) -> None:
