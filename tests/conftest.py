@@ -37,7 +37,7 @@ def barrier_calls(request, monkeypatch):
     ``(mode, judged, called)``."""
     from daifu.cells import RAISE_CODE
     from daifu.cells._cell import P_BARRIER
-    from daifu.engine import _barrier, _guards
+    from daifu.engine import _barrier, _fastpath
 
     judged: list[str] = []
     called: list[str] = []
@@ -47,13 +47,13 @@ def barrier_calls(request, monkeypatch):
         judged.append(frame.f_code.co_name)
         return real(exc, ref, lasti, stack, frame)
 
-    entry = _guards.passing[P_BARRIER]
+    entry = _fastpath.passing[P_BARRIER]
     if request.param == "c":
         routes = speedups()
-        _guards.passing[P_BARRIER] = routes.install(_guards.ROUTES, _guards.passing, judge,
-                                                    RAISE_CODE)
+        _fastpath.passing[P_BARRIER] = routes.install(_fastpath.ROUTES, _fastpath.passing,
+                                                      judge, RAISE_CODE)
     else:
-        _guards.passing[P_BARRIER] = _barrier.barrier
+        _fastpath.passing[P_BARRIER] = _barrier.barrier
         monkeypatch.setattr(_barrier, "judge", judge)
         monkeypatch.setattr(_barrier, "_getframe", lambda depth: called.append(
             sys._getframe(depth + 1).f_code.co_name) or sys._getframe(depth + 1))
@@ -61,8 +61,8 @@ def barrier_calls(request, monkeypatch):
         yield request.param, judged, called
     finally:
         if request.param == "c":
-            routes.install(_guards.ROUTES, _guards.passing, real, RAISE_CODE)
-        _guards.passing[P_BARRIER] = entry
+            routes.install(_fastpath.ROUTES, _fastpath.passing, real, RAISE_CODE)
+        _fastpath.passing[P_BARRIER] = entry
 
 
 def speedups():

@@ -349,9 +349,9 @@ def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(
         monkeypatch, barrier_calls):
     # 7 vaccinated frames: the first barrier finds the handler in loop(); the
     # stubs of the frames between let the exception pass without calling
-    # anything (``_guards.passing``), and loop()'s stub lets go of it.  The
+    # anything (``_fastpath.passing``), and loop()'s stub lets go of it.  The
     # next exceptions take the same route: their first barrier checks it
-    # frame by frame (``_guards.ROUTES``) and asks the engine nothing
+    # frame by frame (``_fastpath.ROUTES``) and asks the engine nothing
     from daifu.engine import _barrier
 
     mode, judged, called = barrier_calls
@@ -587,7 +587,7 @@ def test_a_retry_that_succeeded_leaves_the_engine_quiet_again():
     # be over at the next exception the program handles -- after that, the
     # stubs pass handled exceptions on by themselves again (a job with one
     # fixed crash would otherwise judge every later EAFP exception in full)
-    from daifu.engine import _guards
+    from daifu.engine import _fastpath
 
     ns = vaccinate(FIXED_ONCE)
 
@@ -599,7 +599,7 @@ def test_a_retry_that_succeeded_leaves_the_engine_quiet_again():
     assert ns["deep"](5, {}, 1) == "fixed"
     assert ENGINE._pending and not ENGINE.quiet()  # (the retry's entry: its frame is gone)
     assert ns["handled"]({}, 1) == "caught"
-    assert not ENGINE._pending and ENGINE.quiet() and _guards.passing[2] is True
+    assert not ENGINE._pending and ENGINE.quiet() and _fastpath.passing[2] is True
 
 
 RERAISED = '''

@@ -129,7 +129,7 @@ Guard = ExceptGuard | WithGuard | FinallyGuard | OpaqueGuard
 PASSING = "__daifu_passing__"
 #: what that list holds, by index: the exception passing on and the
 #: constant of the stub of the frame that catches it, "quiet"
-#: (``engine._guards.passing``); then what every barrier call needs
+#: (``engine._fastpath.passing``); then what every barrier call needs
 #: (``use_barrier``): ``sys``, the barrier, and ``sys.getprofile`` and
 #: ``sys.gettrace`` as method-wrappers (called through ``__call__``: no
 #: profile event)
@@ -140,7 +140,7 @@ def own_catch(guards) -> str | None:
     """The name of the class the innermost handler of ``guards`` catches
     first, where it can be tested without the general evaluator (a stub
     tests its own group's, the engine a caller's it remembers: see
-    ``engine._guards.ROUTES``): an ``except Name:``
+    ``engine._fastpath.ROUTES``): an ``except Name:``
     (a global or builtin, read as the handler reads it) that does not
     re-raise; None otherwise (a ``with``, a tuple, an attribute, a local,
     a bare ``except``, or ``BaseException``, which daifu's own pause
@@ -178,7 +178,7 @@ def own_test(guards) -> tuple[str, str] | None:
 
 
 def route_catch(guards) -> str | tuple[str, ...] | None:
-    """What a remembered route (``engine._guards.ROUTES``) checks of the
+    """What a remembered route (``engine._fastpath.ROUTES``) checks of the
     handler that catches: ``own_catch``'s name, or the names of an ``except
     (A, B):`` whose items are all such names; None otherwise."""
     name = own_catch(guards)

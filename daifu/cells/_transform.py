@@ -139,7 +139,7 @@ RUNTIME.on_reset(options.reset)
 
 def use_barrier(barrier: Callable, passing: list) -> None:
     """The function the stubs call at an exception (``engine._barrier.entry()``)
-    and the list they read before they call it (``engine._guards.passing``),
+    and the list they read before they call it (``engine._fastpath.passing``),
     which they reach as the builtin ``PASSING``: the engine calls this when
     it is imported.  The cells package never imports the engine: ``daifu``
     imports the engine before anything can vaccinate code."""

@@ -19,7 +19,7 @@ from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision,
 from ._engine import ENGINE, Engine, EngineSettings, replace
 from ._events import ModuleVaccinated, emit
 from ._events import configure as configure_events
-from ._guards import passing as _passing
+from ._fastpath import passing as _passing
 from ._job import job_file_info, rank_unknown_yet
 from ._job import placeholders as event_placeholders
 from ._queue import DecisionPatch, ExecPatch, Patch, PatchQueue, ReloadPatch, ReplacePatch

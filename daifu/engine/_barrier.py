@@ -12,7 +12,8 @@ from collections.abc import Callable
 from ..cells import INFOS as _INFOS
 from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
 from ._engine import ENGINE
-from ._guards import ROUTES, caught_above, passing, remember_route, take_passing
+from ._fastpath import ROUTES, passing, remember_route
+from ._guards import caught_above, take_passing
 from ._signals import deliver, hold, release
 
 _getframe = sys._getframe
@@ -33,7 +34,7 @@ check = ""
 def entry() -> Callable:
     """What the stubs call: the C ``_routes.barrier`` when daifu's extension
     is built (and ``DAIFU_SPEEDUPS`` is not ``0``), else ``barrier``.  Both
-    first check the exception's remembered route (``_guards.ROUTES``), then
+    first check the exception's remembered route (``_fastpath.ROUTES``), then
     hand anything else to ``judge``; in C the check takes a fraction of
     its time in Python (docs/performance.md, "Handled exceptions", has
     both)."""
@@ -71,7 +72,7 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
         # this cell's exception takes the route a search found to a sure
         # catch before, and the engine is quiet: on to that handler, nothing
         # else asked (the commonest call, from a loop of EAFP code).  The
-        # check of ``_guards.ROUTES``, written out: identity and offset reads
+        # check of ``_fastpath.ROUTES``, written out: identity and offset reads
         route = ROUTES.get(ref)
         if route is not None and route[0] is type(exc) and passing[2] \
                 and route[1] is frame.f_code:

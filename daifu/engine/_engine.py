@@ -67,7 +67,8 @@ from ._events import (
     release_held,
     tell,
 )
-from ._guards import handled_above, passing, would_catch
+from ._fastpath import passing
+from ._guards import handled_above, would_catch
 from ._outcomes import Outcomes
 from ._patches import Patches
 from ._queue import (

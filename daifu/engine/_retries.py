@@ -11,7 +11,7 @@ from ..cells import (
     backend,
     cell_range,
 )
-from ._guards import passing
+from ._fastpath import passing
 from .human._break import armed
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -30,7 +30,7 @@ class Retries:
     def quiet(self) -> bool:
         """Nothing a barrier must be asked about for an exception the program
         handles: no retry or forwarded decision in flight, no pause requested
-        (``_guards.passing``: the stubs pass such exceptions on themselves
+        (``_fastpath.passing``: the stubs pass such exceptions on themselves
         only then; the engine clears its copy whenever it starts to keep any
         of these, the barrier sets it from this)."""
         return not (self._pending or self._forward or armed())

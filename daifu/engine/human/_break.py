@@ -63,7 +63,7 @@ def is_break(exc: BaseException) -> bool:
 
 _lock = threading.Lock()
 #: given by the engine when it starts (``wire``): is this thread inside
-#: daifu's own handling? and the fast path's switches (``_guards.passing``)
+#: daifu's own handling? and the fast path's switches (``_fastpath.passing``)
 _wired: dict[str, Any] = {"busy": lambda: False, "passing": None}
 _armed: list[types.FrameType] = []  # frames given an f_trace (cleared when disarmed)
 _state: dict[str, Any] = {"armed": False, "until": 0.0}
