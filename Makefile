@@ -63,7 +63,7 @@ test-3.13-then-distributed:
 	$(MAKE) test-3.13
 	$(MAKE) test-3.11-distributed
 
-## check: the fast lane (under 3 minutes on 2 cores): lint, then every test not
+## check: the fast lane (about 1.5 minutes on 2 cores): lint, then every test not
 ## marked slow, on CPython 3.11 -- what to run before each commit; CI runs `make test`
 check: lint
 	$(PY) -m pytest -m "not slow" -q
