@@ -178,7 +178,7 @@ def test_each_package_says_what_it_is(package):
                 assert ast.get_docstring(ast.parse(f.read())), folder
 
 
-@pytest.mark.parametrize("package", ["daifu.engine", "daifu.hooks"])
+@pytest.mark.parametrize("package", ["daifu.cells", "daifu.engine", "daifu.hooks"])
 def test_the_names_imported_on_first_use_are_declared_alike_for_type_checkers(package):
     """A package's lazy names (``_LAZY``) resolve to what they name, and its
     ``if TYPE_CHECKING:`` block declares the same ones, from the same places
@@ -191,9 +191,9 @@ def test_the_names_imported_on_first_use_are_declared_alike_for_type_checkers(pa
         assert getattr(pkg, name) is getattr(home, attr), name
     with open(pkg.__file__, encoding="utf-8") as f:
         tree = ast.parse(f.read())
-    (block,) = [n for n in tree.body if isinstance(n, ast.If)
-                and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    blocks = [n for n in tree.body if isinstance(n, ast.If)
+              and getattr(n.test, "id", "") == "TYPE_CHECKING"]
     declared = {(a.asname or a.name): ((node.module or ""), a.name)
-                for node in block.body if isinstance(node, ast.ImportFrom) and node.level == 1
-                for a in node.names}
+                for block in blocks for node in block.body
+                if isinstance(node, ast.ImportFrom) and node.level == 1 for a in node.names}
     assert declared == {name: where for name, where in pkg._LAZY.items()}

@@ -7,6 +7,7 @@ use of its names, not at start-up.
 
 from __future__ import annotations
 
+from .._firstuse import first_use
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
 from ._cell import _INFOS as INFOS
@@ -129,9 +130,10 @@ __all__ = [
 
 #: names imported on first use, by module (``ast``, ``tokenize``, ``ctypes``
 #: are not for start-up)
-_LAZY = {"ModuleSource": "_source", "contains": "_source", "entry_role": "_source",
-         "trace_original": "_dynamo",
-         "map_statement": "_source", "source_for_file": "_source", "set_const": "_consts"}
+_LAZY = {name: (module, name) for name, module in (
+    ("ModuleSource", "_source"), ("contains", "_source"), ("entry_role", "_source"),
+    ("map_statement", "_source"), ("source_for_file", "_source"),
+    ("trace_original", "_dynamo"), ("set_const", "_consts"))}
 if TYPE_CHECKING:
     from ._consts import set_const
     from ._dynamo import trace_original
@@ -139,13 +141,4 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    module = importlib.import_module(f"{__name__}.{where}")
-    for lazy, home in _LAZY.items():
-        if home == where:
-            globals()[lazy] = getattr(module, lazy)
-    return globals()[name]
+    return first_use(__name__, _LAZY, globals(), name)

@@ -12,6 +12,7 @@ first use: nothing of a wing loads before it is needed.
 from __future__ import annotations
 
 from .. import cells as _cells
+from .._firstuse import first_use
 from .._runtime import RUNTIME
 from . import _barrier
 from ._crash import Crash, is_plumbing
@@ -118,14 +119,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 
 def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{where[0]}"), where[1])
-    globals()[name] = value
-    return value
+    return first_use(__name__, _LAZY, globals(), name)
 
 
 def speedups() -> tuple[str, str]:

@@ -4,6 +4,7 @@ from here only.  The runner and the notebook extension load on first use."""
 
 from __future__ import annotations
 
+from .._firstuse import first_use
 from ._config import Config
 from ._finder import DaifuFinder, DaifuLoader
 from ._install import Installation, current, ensure_engine, install, uninstall
@@ -23,14 +24,7 @@ _LAZY = {"main": ("_runner", "main"),
 
 
 def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{where[0]}"), where[1])
-    globals()[name] = value
-    return value
+    return first_use(__name__, _LAZY, globals(), name)
 
 
 __all__ = [
