@@ -503,3 +503,32 @@ def test_live_displays_and_progress_bars_step_aside_while_the_console_has_the_te
     tail = p.expect("finished", timeout=60)
     assert "steps" in tail  # the bar is drawn again after the console
     assert p.wait() == 0
+
+
+def test_sigterm_the_instant_the_endpoint_opens_gives_up_the_crash(tmp_path):
+    # the socket is how a client (or a scheduler's script) knows the job waits:
+    # a SIGTERM sent the moment it appears must find daifu's handler in place
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import os, signal
+        from daifu.engine.remote import _control
+
+        _start = _control.ControlServer.start
+
+        def start(self):
+            path = _start(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return path
+
+        _control.ControlServer.start = start
+        """) + BUGGY_SCALE)
+    proc = subprocess.Popen(
+        [*python(), "-m", "daifu", "--wait", "120", "--log", str(tmp_path / "log.jsonl"),
+         str(script), "final.pt"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env(), stdin=subprocess.DEVNULL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert err.rstrip().splitlines()[-1].startswith("TypeError: unsupported operand")
+    gave_up = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "crash.gave_up"]
+    assert gave_up[0]["reason"] == "aborted by a fix"
+    assert not (Path(os.environ["DAIFU_RUNTIME_DIR"]) / f"{proc.pid}.sock").exists()

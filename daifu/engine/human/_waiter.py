@@ -141,10 +141,28 @@ class Waiter:
 
     def _remote(self, crash: Crash, engine: Engine, status: dict, report,
                 owner: JobConsole | None = None) -> str | None:
-        """Wait for commands over the control endpoint (``attach``/``send``)."""
-        server = self._open(status, report.render(), local=False)
-        if server is None:
-            return "the control endpoint could not be opened (see daifu.internal_error)"
+        """Wait for commands over the control endpoint (``attach``/``send``).
+
+        SIGTERM is trapped before the endpoint exists: a client (or a test)
+        that sees the socket may signal at once, and that SIGTERM must give
+        up the crash, not kill the job before the handler is in."""
+        previous = self._trap_sigterm()
+        server: ControlServer | None = None
+        try:
+            server = self._open(status, report.render(), local=False)
+            if server is None:
+                return "the control endpoint could not be opened (see daifu.internal_error)"
+            return self._wait_remote(crash, engine, server, status, report, owner)
+        except _Terminated:
+            crash.patches.put(DecisionPatch(ABORT, origin="sigterm"))
+            return "SIGTERM while waiting"
+        finally:
+            if server is not None:
+                server.stop()
+            self._restore_sigterm(previous)
+
+    def _wait_remote(self, crash: Crash, engine: Engine, server: ControlServer, status: dict,
+                     report, owner: JobConsole | None) -> str | None:
         emit(CrashWaiting(where=crash.where, socket=server.path, pid=os.getpid(),
                           wait_s=self.wait_s if self.wait_s is not None and owner is None
                           else -1))
@@ -160,16 +178,7 @@ class Waiter:
             sys.stderr.write(f"daifu: waiting {limit} for a fix -- from another terminal: "
                              f"python -m daifu attach {os.getpid()}\n")
         sys.stderr.flush()
-        previous = self._trap_sigterm()
-        try:
-            return self._serve(crash, engine, server,
-                               until=owner.take if owner is not None else None)
-        except _Terminated:
-            crash.patches.put(DecisionPatch(ABORT, origin="sigterm"))
-            return "SIGTERM while waiting"
-        finally:
-            server.stop()
-            self._restore_sigterm(previous)
+        return self._serve(crash, engine, server, until=owner.take if owner is not None else None)
 
     def _console(self, crash: Crash, engine: Engine, status: dict, report) -> str | None:
         from ._console import PASS, run_local
@@ -254,6 +263,9 @@ class Waiter:
                                traceback=""))
             sys.stderr.write(f"daifu: cannot open the control endpoint: {exc}\n")
             return None
+        except BaseException:  # SIGTERM half-way: leave no socket behind
+            server.stop()
+            raise
         return server
 
     @staticmethod
