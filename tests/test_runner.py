@@ -606,3 +606,81 @@ def test_version_says_whether_the_barriers_c_check_is_in_use(tmp_path):
             in res.stdout
         ran = daifu(["eafp.py"], tmp_path, env=env)
         assert (ran.returncode, ran.stdout) == (0, "50\n"), ran.stderr
+
+
+TOOL_PROGRAM = textwrap.dedent('''
+    import sys
+    from helper import lookup
+
+    def main():
+        total = 0
+        for i in range(4):
+            d = 0 if i == 1 else 1
+            total += lookup({"a": 1}, "b" if i == 2 else "a") // d
+        print("argv", sys.argv, "total", total, flush=True)
+
+    main()
+''')
+
+
+@pytest.mark.parametrize("tool", [["cProfile", "-s", "tottime"], ["profile"],
+                                  ["trace", "--count", "--summary", "--missing"], ["pdb"]],
+                         ids=lambda t: t[0])
+def test_a_program_run_by_a_profiler_or_debugger_is_the_one_vaccinated(tmp_path, tool):
+    """``python -m daifu -m cProfile train.py``: the tool runs as it does
+    without daifu; the program it runs (and the module beside it) is what is
+    vaccinated, and a rule fixes its crash."""
+    (tmp_path / "prog.py").write_text(TOOL_PROGRAM)
+    (tmp_path / "helper.py").write_text("def lookup(table, key):\n    return table[key]\n")
+    (tmp_path / "fixes.py").write_text(
+        "import daifu\n@daifu.on(KeyError)\ndef fix(crash):\n"
+        "    crash.vars['key'] = 'a'\n    return daifu.RETRY\n"
+        "@daifu.on(ZeroDivisionError)\ndef fix_d(crash):\n"
+        "    crash.vars['d'] = 1\n    return daifu.RETRY\n")
+    stdin = "continue\n" if tool[0] == "pdb" else ""
+    plain = python(["-m", *tool, "prog.py", "x"], cwd=tmp_path, input=stdin)
+    assert "ZeroDivisionError" in plain.stdout + plain.stderr  # (pdb: post-mortem)
+    proc = daifu(["--fixes", "fixes.py", "--log", "events.jsonl", "-m", *tool, "prog.py", "x"],
+                 cwd=tmp_path, input=stdin, env={"DAIFU_CONSOLE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['prog.py', 'x'] total 4" in proc.stdout
+    if tool[0] in ("cProfile", "profile"):
+        assert "ncalls" in proc.stdout and "prog.py:5(main)" in proc.stdout
+    elif tool[0] == "trace":
+        assert "lines   cov%   module" in proc.stdout
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    resumed = [e["where"] for e in events if e["event"] == "crash.resumed"]
+    prog = str(tmp_path / "prog.py") if tool[0] == "pdb" else "prog.py"  # (as the tool names it)
+    assert resumed == [f"{prog}:9", f"{tmp_path / 'helper.py'}:2"], resumed
+
+
+def test_a_module_run_by_a_profiler_is_vaccinated_as_its_package(tmp_path):
+    """``python -m daifu -m cProfile -m app.train``: the package is the
+    project, so the loop in ``app.train`` and the helper beside it are
+    vaccinated when cProfile imports them."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "train.py").write_text(
+        TOOL_PROGRAM.replace("from helper import", "from app.helper import").replace(
+            "\nmain()\n", "\nif __name__ == '__main__':\n    main()\n"))
+    (tmp_path / "app" / "helper.py").write_text("def lookup(table, key):\n    return table[key]\n")
+    (tmp_path / "fixes.py").write_text(
+        "import daifu\n@daifu.on(KeyError)\ndef fix(crash):\n"
+        "    crash.vars['key'] = 'a'\n    return daifu.RETRY\n"
+        "@daifu.on(ZeroDivisionError)\ndef fix_d(crash):\n"
+        "    crash.vars['d'] = 1\n    return daifu.RETRY\n")
+    proc = daifu(["--fixes", "fixes.py", "--log", "events.jsonl", "-m", "cProfile", "-m",
+                  "app.train"], cwd=tmp_path, env={"DAIFU_CONSOLE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert "total 4" in proc.stdout and "ncalls" in proc.stdout
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    resumed = [e["where"] for e in events if e["event"] == "crash.resumed"]
+    assert resumed == [f"{tmp_path / 'app' / 'train.py'}:9",
+                       f"{tmp_path / 'app' / 'helper.py'}:2"], resumed
+
+
+def test_a_tool_given_no_program_file_says_what_is_vaccinated(tmp_path):
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    proc = daifu(["-m", "cProfile", "-o", "out.prof", "prog"], cwd=tmp_path,
+                 env={"DAIFU_CONSOLE": "0"})
+    assert "daifu: warning: no program file (.py) among cProfile's arguments" in proc.stderr

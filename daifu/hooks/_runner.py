@@ -62,6 +62,11 @@ examples:
 #: launchers of distributed jobs: under daifu they would be protected, not their workers
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
 
+#: tools that run the program named on their command line (``python -m daifu
+#: -m cProfile -s tottime train.py``): the tool runs as it is, and the program it
+#: compiles is vaccinated as a script is (``_run_tool``)
+TOOLS = ("cProfile", "profile", "pdb", "trace")
+
 #: ``python -m daifu COMMAND``: not a program run (see ``_commands``)
 COMMANDS = ("ps", "attach", "send", "stacks", "journal", "doctor", "help")
 
@@ -154,8 +159,13 @@ def main(argv: list[str] | None = None) -> None:
         ns = parser.parse_args(options)
     _refuse_what_cannot_run(ns, script, module)
     cfg = _configured(ns, script)
+    if module in TOOLS:  # the program the tool runs is the one daifu is for
+        cfg.main, tool_module = _tool_program(args)
+        project = (cfg.main, tool_module)
+    else:
+        project = (script, module)
     if cfg.use_project and not cfg.project:
-        found = _project_of(script, module)
+        found = _project_of(*project)
         cfg.project = found.to_env() if found is not None else ""
     cfg.export()
     try:
@@ -489,7 +499,57 @@ def _exec_main(code: types.CodeType, main: types.ModuleType) -> None:
     _cmain.run(code, main.__dict__)
 
 
+def _tool_program(args: list[str]) -> tuple[str | None, str | None]:
+    """The program a tool of ``TOOLS`` will run, as (script, module): its
+    first argument that names a ``.py`` file (``-o out.prof``, ``-c
+    continue`` don't), or the module of its ``-m module``.  (None, None):
+    ``_run_tool`` then takes the first file the tool compiles."""
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return None, args[i + 1]
+        if arg.endswith(".py") and os.path.isfile(arg):
+            return os.path.abspath(arg), None
+    return None, None
+
+
+def _run_tool(name: str, args: list[str], cfg: Config) -> None:
+    """``python -m daifu -m cProfile train.py``: run the tool unmodified, as
+    ``python -m cProfile train.py`` does, and vaccinate the program when the
+    tool compiles it (each of ``TOOLS`` reads the file and calls
+    ``compile(source, path, "exec")``).  ``compile`` is wrapped until that
+    one call, then put back.  A tool's ``-m pkg.mod`` is imported by it: the
+    project (the package) is vaccinated as for ``python -m daifu -m``, its
+    module-level code is not."""
+    wanted = cfg.main
+    sys.argv[:] = [name, *args]
+    if wanted is None:
+        if "-m" not in args:
+            sys.stderr.write(f"daifu: warning: no program file (.py) among {name}'s arguments: "
+                             "only the modules --modules/DAIFU_MODULES names are vaccinated\n")
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+        return
+    original = builtins.compile
+
+    def compile(source, filename, mode, flags=0, dont_inherit=False, optimize=-1, **kwargs):
+        if (mode == "exec" and not flags and optimize == -1 and not kwargs
+                and isinstance(filename, str) and os.path.abspath(filename) == wanted):
+            builtins.compile = original
+            code = _compile_main(source, filename, cfg)
+            _check_entries(cfg)
+            return code
+        return original(source, filename, mode, flags, dont_inherit, optimize, **kwargs)
+
+    builtins.compile = compile
+    try:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    finally:
+        builtins.compile = original
+
+
 def _run_module(name: str, args: list[str], cfg: Config) -> None:
+    if name in TOOLS:
+        _run_tool(name, args, cfg)
+        return
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:  # a parent package is missing, ...
