@@ -29,6 +29,7 @@ from ._events import (
 )
 from ._queue import (
     AlwaysPatch,
+    Applied,
     Apply,
     CheckpointPatch,
     DecisionPatch,
@@ -121,27 +122,27 @@ class Patches:
         journal: Any
         save_checkpoint: Any
 
-    def _meta(self, patch: AlwaysPatch | CheckpointPatch, crash: Crash | None) -> None:
+    def _meta(self, patch: AlwaysPatch | CheckpointPatch, crash: Crash | None) -> Applied:
         """``always`` and ``checkpoint`` from a console.  Raises ``PatchError``."""
         if crash is None:
             raise PatchError(f"{patch.kind} needs a crash")
         if isinstance(patch, CheckpointPatch):
-            patch.saved, patch.result = self.save_checkpoint(crash, patch.path)
-            if patch.saved is None:
-                raise PatchError(patch.result)
-        elif patch.action == "set" and patch.decision is not None:
-            patch.result = self.remember(crash, patch.decision, patch.origin)
-        elif patch.action == "clear":
+            saved, said = self.save_checkpoint(crash, patch.path)
+            if saved is None:
+                raise PatchError(said)
+            return Applied(said=said, saved=saved)
+        if patch.action == "set" and patch.decision is not None:
+            return Applied(said=self.remember(crash, patch.decision, patch.origin))
+        if patch.action == "clear":
             n = len(self.always)
             self.always.clear()
-            patch.result = f"forgot {n} standing answer{'s' if n != 1 else ''}"
-        else:
-            lines = [f"  {exc} at {filename}:{line} ({statement}): {said.value}"
-                     + (f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}"
-                        if execs else "")
-                     for (filename, line, statement, exc), (said, execs, _)
-                     in self.always.items()]
-            patch.result = "\n".join(lines) or "no standing answers (always DECISION sets one)"
+            return Applied(said=f"forgot {n} standing answer{'s' if n != 1 else ''}")
+        lines = [f"  {exc} at {filename}:{line} ({statement}): {said.value}"
+                 + (f" after {len(execs)} exec patch{'es' if len(execs) != 1 else ''}"
+                    if execs else "")
+                 for (filename, line, statement, exc), (said, execs, _)
+                 in self.always.items()]
+        return Applied(said="\n".join(lines) or "no standing answers (always DECISION sets one)")
 
     def remember(self, crash: Crash, decision: Decision, origin: str) -> str:
         """``always DECISION``: answer later crashes of this exception type at
@@ -158,33 +159,37 @@ class Patches:
         return (f"from now on, {type(crash.exception).__qualname__} at {crash.where} "
                 f"({crash.statement}) is answered: {decision.value}{also}")
 
-    def submit(self, patch: Patch, crash: Crash | None = None) -> None:
+    def submit(self, patch: Patch, crash: Crash | None = None) -> Applied:
         """Queue a patch; applied now when called while handling a crash in
         this thread (a rule calling ``crash.exec``), else when the next crash
-        is handled.  Raises ``PatchError`` if applying it fails."""
+        is handled.  Returns what applying it did; raises ``PatchError`` if
+        applying it fails."""
         if not patch.origin:
-            patch.origin = getattr(self._tls, "origin", None) or "api"
+            patch = changed(patch, origin=getattr(self._tls, "origin", None) or "api")
         current = crash or getattr(self._tls, "crash", None)
         if current is None:
             # not inside a crash: apply directly (a replace in a fixes file, say)
-            self._apply(patch, None)
-            return
+            return self._apply(patch, None)
         current.patches.put(patch)
         failure: PatchError | None = None
+        mine = Applied()
         decision = None
         while (item := current.patches.get_nowait()) is not None:
             try:
-                result = self._apply(item, current)
+                applied = self._apply(item, current)
             except PatchError as err:
                 if item is patch:
                     failure = err
                 continue
-            if isinstance(result, Decision) and decision is None:
-                decision = result
+            if item is patch:
+                mine = applied
+            if applied.decision is not None and decision is None:
+                decision = applied.decision
         if decision is not None:
             current.resolution.queued = decision
         if failure is not None:
             raise failure
+        return mine
 
     def door(self, crash: Crash) -> Apply:
         """The one way a console reaches this crash: a patch goes into its
@@ -198,77 +203,78 @@ class Patches:
             return decided
         while (patch := crash.patches.get_nowait()) is not None:
             try:
-                result = self._apply(patch, crash)
+                applied = self._apply(patch, crash)
             except PatchError:
                 continue
-            if isinstance(result, Decision):
-                return result
+            if applied.decision is not None:
+                return applied.decision
         return None
 
-    def _apply(self, patch: Patch, crash: Crash | None) -> Decision | None:
-        """Apply one patch through the table of its kind (``_APPLY``): its
-        decision, if it makes one.  Announced and journaled, applied or
-        refused (a refusal raises ``PatchError``)."""
+    def _apply(self, patch: Patch, crash: Crash | None) -> Applied:
+        """Apply one patch through the table of its kind (``_APPLY``): what
+        it did, its decision if it makes one.  Announced and journaled,
+        applied or refused (a refusal raises ``PatchError``)."""
         where = crash.where if crash else ""
         if isinstance(patch, DecisionPatch) and patch.decision is RELOAD:
             patch = ReloadPatch(origin=patch.origin, frame=patch.frame)
         if isinstance(patch, (AlwaysPatch, CheckpointPatch)):
-            self._meta(patch, crash)  # (they change nothing of the crash: not journaled)
-            return None
+            return self._meta(patch, crash)  # (they change nothing of the crash: not journaled)
         try:
             if isinstance(patch, DecisionPatch) and crash is not None:
                 patch = self._redirect(patch, crash)
             apply = _APPLY.get(patch.kind)
             if apply is None:
                 raise PatchError(f"unknown patch kind {type(patch).__name__}")
-            result = apply(self, patch, crash)
+            applied: Applied = apply(self, patch, crash)
         except PatchError as err:
             emit(PatchRejected(where=where, kind=patch.kind, origin=patch.origin,
                                reason=str(err)))
             self._record("patch", crash, patch, "rejected", str(err))
             raise
-        summary = patch.summary()
+        summary = applied.summary(patch)
         if isinstance(patch, DecisionPatch) and crash is not None and crash.resolution.note:
             summary += f": {crash.resolution.note}"
         emit(PatchApplied(where=where, kind=patch.kind, origin=patch.origin, summary=summary))
-        self._record("patch", crash, patch)
-        return result
+        self._record("patch", crash, patch, "applied", None, applied.reload)
+        return applied
 
-    def _apply_reload(self, patch: ReloadPatch, crash: Crash | None) -> Decision:
+    def _apply_reload(self, patch: ReloadPatch, crash: Crash | None) -> Applied:
         if crash is None:
             raise PatchError("reload needs a crash to resume")
         return self._reload(patch, crash)
 
-    def _apply_decision(self, patch: DecisionPatch, crash: Crash | None) -> Decision | None:
+    def _apply_decision(self, patch: DecisionPatch, crash: Crash | None) -> Applied:
         if patch.frame:
-            return self._upward(patch, crash)
-        return self._check_decision(patch.decision, crash, patch.scope)
+            return Applied(decision=self._upward(patch, crash))
+        return Applied(decision=self._check_decision(patch.decision, crash, patch.scope))
 
-    def _apply_exec(self, patch: ExecPatch, crash: Crash | None) -> None:
+    def _apply_exec(self, patch: ExecPatch, crash: Crash | None) -> Applied:
         if crash is None:
             raise PatchError("exec needs a crashed frame to run in")
         exec_in_frame(crash.frame_at(patch.frame), patch.code)
         crash.execs.append(patch)
+        return Applied()
 
-    def _apply_replace(self, patch: ReplacePatch, crash: Crash | None) -> None:
+    def _apply_replace(self, patch: ReplacePatch, crash: Crash | None) -> Applied:
         from ._replace import apply_replace
 
         replaced = apply_replace(patch.target, patch.new, crash)
         if replaced is not None and crash is not None:
             old = crash.resolution.replaced
             crash.resolution.replaced = replaced if old is None or old[0] < replaced[0] else old
+        return Applied()
 
-    def _reload(self, patch: ReloadPatch, crash: Crash) -> Decision:
+    def _reload(self, patch: ReloadPatch, crash: Crash) -> Applied:
         """Apply a reload (``_reload``).  When a changed caller is to continue
         in its new code, the exception is handed up to that caller's barrier
         with the caller's part (``patch.resume``), applied there."""
         from ._reload import reload, resume_caller
 
         if patch.resume is None:
-            patch.result = reload(crash, patch.sources, patch.frame)
-            caller = patch.result.caller
-            if patch.result.retry_caller is not None:
-                level = patch.result.retry_caller
+            result = reload(crash, patch.sources, patch.frame)
+            caller = result.caller
+            if result.retry_caller is not None:
+                level = result.retry_caller
                 crash.resolution.upward = (crash.exception, crash.frame_at(level),
                                            DecisionPatch(RETRY, origin=patch.origin,
                                                          frame=level))
@@ -276,17 +282,17 @@ class Patches:
                 crash.resolution.upward = (crash.exception, crash.frame_at(caller.level),
                                            ReloadPatch(origin=patch.origin, frame=caller.level,
                                                        resume=caller))
-            crash.resolution.reload = patch.result
-            return RELOAD
+            crash.resolution.reload = result
+            return Applied(decision=RELOAD, reload=result)
         try:
-            patch.result = resume_caller(crash, patch.resume)
+            result = resume_caller(crash, patch.resume)
         except PatchError as err:  # the new code is in already: the call is re-executed
             decision = self._check_decision(RETRY, crash)
             crash.resolution.note = (f"{crash.function}() keeps its old code ({err}); its "
                                      "statement is retried, calling the new code")
-            return decision
-        crash.resolution.reload = patch.result
-        return RELOAD
+            return Applied(decision=decision)
+        crash.resolution.reload = result
+        return Applied(decision=RELOAD, reload=result)
 
     @staticmethod
     def _redirect(patch: DecisionPatch, crash: Crash) -> DecisionPatch:

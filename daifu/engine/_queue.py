@@ -84,7 +84,6 @@ class ReloadPatch(Patch):
 
     kind: ClassVar[str] = "reload"
     sources: dict[str, str] | None = None
-    result: Any = None
     #: the frame in focus (0: the crashed one): a changed function running
     #: there continues in its new code (``_reload``)
     frame: int = 0
@@ -93,22 +92,18 @@ class ReloadPatch(Patch):
     resume: Any = None
 
     def summary(self) -> str:
-        if self.result is None:
-            return "reload"
-        return self.result.summary()
+        return "reload"
 
 
 @record
 class AlwaysPatch(Patch):
     """The console's ``always``: ``action`` "set" remembers ``decision`` as
     the standing answer to this crash's statement and exception type (after
-    this crash's exec patches); "list" and "clear" show and forget them.
-    ``result``: what the engine says back."""
+    this crash's exec patches); "list" and "clear" show and forget them."""
 
     kind: ClassVar[str] = "always"
     action: str = "list"
     decision: Decision | None = None
-    result: str = ""
 
     def summary(self) -> str:
         return f"always {self.decision.value}" if self.decision else f"always {self.action}"
@@ -117,18 +112,31 @@ class AlwaysPatch(Patch):
 @record
 class CheckpointPatch(Patch):
     """Save the training state now (``_checkpoint``); ``path``: where (None:
-    the checkpoint directory).  ``saved``/``result``: the file and the
-    engine's message."""
+    the checkpoint directory)."""
 
     kind: ClassVar[str] = "checkpoint"
     path: str | None = None
+
+
+@record
+class Applied:
+    """What applying a patch did (the engine's answer; the patch itself is
+    never written to): the decision it makes, if any; the text to show
+    (``always``, ``checkpoint``); the reload's result (``_reload``); the
+    checkpoint file saved."""
+
+    decision: Decision | None = None
+    said: str = ""
+    reload: Any = None
     saved: str | None = None
-    result: str = ""
+
+    def summary(self, patch: Patch) -> str:
+        return self.reload.summary() if self.reload is not None else patch.summary()
 
 
 #: what a console applies patches through: the engine's door for one crash
 #: (``Engine.door``); raises ``PatchError`` when a patch is rejected
-Apply = Callable[[Patch], None]
+Apply = Callable[[Patch], Applied]
 
 
 class PatchQueue:

@@ -221,9 +221,7 @@ class Console(Frames, Inspect, Ranks, cmd.Cmd):
         type at this statement (after this crash's exec patches); always: list; always clear"""
         word = arg.strip().lower()
         if not word or word == "clear":
-            patch = AlwaysPatch(action=word or "list", origin=self.origin)
-            self.apply(patch)
-            self.say(patch.result)
+            self.say(self.apply(AlwaysPatch(action=word or "list", origin=self.origin)).said)
             return False
         decision = {"retry": RETRY, "r": RETRY, "skip": SKIP, "s": SKIP, "next": CONTINUE,
                     "n": CONTINUE, "abort": ABORT, "a": ABORT}.get(word)
@@ -237,32 +235,30 @@ class Console(Frames, Inspect, Ranks, cmd.Cmd):
             return False
         stop = self._decide(decision)
         if stop:  # (only a decision the engine accepted here is remembered)
-            patch = AlwaysPatch(action="set", decision=decision, origin=self.origin)
-            self.apply(patch)
-            self.say(patch.result)
+            self.say(self.apply(AlwaysPatch(action="set", decision=decision,
+                                            origin=self.origin)).said)
         return stop
 
     def do_checkpoint(self, arg: str) -> bool:
         """checkpoint [PATH]: save the training state now (what a crash given up saves)"""
         path = os.path.abspath(os.path.expanduser(arg.strip())) if arg.strip() else None
-        patch = CheckpointPatch(path=path, origin=self.origin)
         try:
-            self.apply(patch)
-        except PatchError:
+            self.say(self.apply(CheckpointPatch(path=path, origin=self.origin)).said)
+        except PatchError as err:
             self.ok = False
-        self.say(patch.result)
+            self.say(str(err))
         return False
 
     def do_reload(self, arg: str) -> bool:
         """reload: re-read edited source files and resume in the new code"""
         patch = ReloadPatch(origin=self.origin, frame=self.level)
         try:
-            self.apply(patch)
+            applied = self.apply(patch)
         except PatchError as err:
             self.ok = False
             self.say(str(err))
             return False
-        self.say(patch.summary())
+        self.say(applied.summary(patch))
         self.decision = RELOAD
         return True
 

@@ -164,7 +164,9 @@ class Journal:
                      "execs": [{"code": p.code, "frame": p.frame} for p in execs]})
 
     def patch(self, crash: Crash | None, patch: Patch, status: str = "applied",
-              error: str | None = None) -> None:
+              error: str | None = None, reload: Any = None) -> None:
+        """A patch applied or refused; ``reload``: a reload's result (what
+        it changed, and the sources replay applies again)."""
         record: dict[str, Any] = {"type": "patch", "status": status, "kind": patch.kind,
                                   "origin": patch.origin, "summary": patch.summary()}
         if crash is not None:
@@ -187,12 +189,12 @@ class Journal:
         elif isinstance(patch, ReplacePatch):
             record["target"] = getattr(patch.target, "__qualname__", repr(patch.target))
             record["new"] = getattr(patch.new, "__qualname__", repr(patch.new))
-        elif isinstance(patch, ReloadPatch) and patch.result is not None:
-            record["diff"] = patch.result.diffs
-            record["sources"] = patch.result.sources
-            record["before"] = {path: _sha(_before(patch.result, path))
-                                for path in patch.result.sources}
-            record["changes"] = [str(c) for c in patch.result.changes]
+        elif isinstance(patch, ReloadPatch) and reload is not None:
+            record["summary"] = reload.summary()
+            record["diff"] = reload.diffs
+            record["sources"] = reload.sources
+            record["before"] = {path: _sha(_before(reload, path)) for path in reload.sources}
+            record["changes"] = [str(c) for c in reload.changes]
         self._write(record)
 
     def repeat(self, number: int, count: int) -> None:
