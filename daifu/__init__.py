@@ -16,8 +16,10 @@ Run a script with ``python -m daifu train.py``; see README.md and docs/.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
+from . import engine
 from ._errors import (
     ConfigError,
     DaifuError,
@@ -28,6 +30,7 @@ from ._errors import (
     UnsupportedPythonWarning,
 )
 from ._version import __version__ as __version__
+from .cells import vaccinate_function
 from .engine import (
     ABORT,
     CONTINUE,
@@ -83,7 +86,6 @@ def vaccinate(fn: F) -> F:
     hook did not already.  If it cannot be vaccinated, warns
     (``NotVaccinatedWarning``) and returns the function unchanged."""
     target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
-    from .cells import vaccinate_function
 
     vaccinate_function(target)
     _engine_for_plain_python()
@@ -96,7 +98,6 @@ def _engine_for_plain_python() -> None:
     try:
         ensure_engine()
     except ConfigError as exc:  # a bad DAIFU_* variable must not stop an import
-        import warnings
 
         warnings.warn(f"daifu: {exc}; crashes get rules only", DaifuWarning, stacklevel=3)
 
@@ -162,8 +163,6 @@ def __getattr__(name: str) -> Any:
     """``load_checkpoint``, ``restore_rng`` and ``ResumeError`` (``engine.persist``):
     imported on first use, not at every start of every job."""
     if name in ("load_checkpoint", "restore_rng", "ResumeError"):
-        from . import engine
-
         return getattr(engine, name)
     raise AttributeError(f"module 'daifu' has no attribute {name!r}")
 

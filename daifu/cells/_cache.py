@@ -42,9 +42,11 @@ import sys
 import time
 import types
 import warnings
+from importlib.util import find_spec
 
 from .._errors import DaifuWarning
 from .._private import check_private
+from .._version import __version__
 
 # (the C modules themselves: ``hashlib`` loads OpenSSL and ``pickle`` a dozen
 # modules, milliseconds of every start that loads its code from the cache)
@@ -104,10 +106,6 @@ def fingerprint() -> bytes:
     """What makes entries of another daifu, Python or ``bytecode`` invalid."""
     global _fingerprint
     if _fingerprint is None:
-        from importlib.util import find_spec
-
-        from .._version import __version__
-
         h = blake2b(MAGIC, digest_size=32)
         h.update(__version__.encode())
         h.update(sys.version.encode())

@@ -50,6 +50,10 @@ import sys
 import types
 import warnings
 
+from .._errors import DaifuWarning
+from ._cell import cells_of
+from ._lazy import pending_of
+
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
@@ -69,14 +73,12 @@ def traced_code(code: Any, frame: bool = False) -> Any:
     try:
         if type(code) is not types.CodeType:
             return code
-        from ._cell import cells_of
 
         info = cells_of(code)
         original = info.original if info is not None else None
         if original is None and not frame:
             # (a stub's frame is never converted: ``_lazy`` marks it skipped;
             # its locals are not the function's)
-            from ._lazy import pending_of
 
             pending = pending_of(code)
             original = pending.original if pending is not None else None
@@ -123,8 +125,6 @@ def trace_original() -> bool:
     except Exception as exc:  # pragma: no cover - a torch too different to inspect
         problem = f"{type(exc).__name__}: {exc}"
     if problem:
-        from .._errors import DaifuWarning
-
         warnings.warn("daifu: torch.compile traces vaccinated functions with daifu's "
                       "barriers (a graph break in one runs the whole function eagerly): "
                       f"this torch's TorchDynamo is not the one daifu knows ({problem})",

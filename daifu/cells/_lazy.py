@@ -37,6 +37,7 @@ import weakref
 
 from .._errors import NotVaccinatedWarning
 from ._cell import cells_of
+from ._dispatch import backend
 from ._versions import current
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -278,7 +279,6 @@ def first_call(pending: Pending) -> types.FunctionType:
     prior = set_eval_frame(None) if set_eval_frame is not None else None
     try:
         code = pending.code()
-        from ._dispatch import backend
 
         back, _ = backend()
         func = back.running_function(frame) if back is not None else None

@@ -11,13 +11,17 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import re
 import sys
 import types
 import warnings
 from collections.abc import Callable
 from fnmatch import fnmatchcase
+from importlib.machinery import SourceFileLoader
+from importlib.util import decode_source
 
 from .._errors import NotVaccinatedWarning, TransformError, UnsupportedPythonWarning
+from .._private import open_private
 from .._record import field, record, replace
 from .._runtime import RUNTIME
 from . import _lazy, _registry
@@ -191,8 +195,6 @@ def _dump(report: Report, code: types.CodeType) -> None:
     if options.dump in ("-", "1", "stderr"):
         sys.stderr.write(text)
     elif options.dump:
-        from .._private import open_private
-
         try:  # (0600, never through a symbolic link, like the log)
             fd = open_private(options.dump, "the dump (--dump)", OSError, sink=True)
             try:
@@ -371,8 +373,6 @@ def _decode(source: bytes) -> str:
     source with neither a BOM nor a coding cookie (its first two lines)."""
     if source.startswith(b"\xef\xbb\xbf") or any(
             b"coding" in line for line in source.split(b"\n", 2)[:2]):
-        from importlib.util import decode_source
-
         return decode_source(source)
     return io.IncrementalNewlineDecoder(None, True).decode(source.decode("utf-8"))
 
@@ -381,8 +381,6 @@ def python_syntax_error(source: str | bytes, filename: str) -> SyntaxError:
     """The SyntaxError ``python filename`` reports for a source that does not
     compile (or decode)."""
     if isinstance(source, bytes) and not source.startswith(b"\xef\xbb\xbf"):
-        import re
-
         cookie = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
         first_two = source.split(b"\n", 2)[:2]
         if not any(cookie.match(line) for line in first_two):
@@ -464,7 +462,6 @@ def vaccinate_loaded(module: types.ModuleType, selection: Selection) -> Report |
     A function whose running code is not what the file compiles to now (the
     file changed since the import) keeps its code."""
     import gc
-    from importlib.machinery import SourceFileLoader
 
     spec = getattr(module, "__spec__", None)
     path = getattr(module, "__file__", None)
@@ -474,7 +471,6 @@ def vaccinate_loaded(module: types.ModuleType, selection: Selection) -> Report |
     with open(path, "rb") as fh:
         data = fh.read()
     live, report = vaccinate_source(data, path, selection, module=module.__name__)
-    from importlib.util import decode_source
 
     plain = compile(decode_source(data), path, "exec", dont_inherit=True)
     swap = {(p.co_qualname, p.co_firstlineno): (p, v)

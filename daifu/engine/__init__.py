@@ -14,7 +14,7 @@ from __future__ import annotations
 from .. import cells as _cells
 from .._firstuse import first_use
 from .._runtime import RUNTIME
-from . import _barrier
+from . import _barrier, _signals
 from ._crash import Crash, is_plumbing
 from ._decision import ABORT, CONTINUE, RELOAD, RETRY, SKIP, AllRanks, Decision, all_ranks
 from ._engine import ENGINE, Engine, EngineSettings, replace
@@ -125,7 +125,6 @@ def __getattr__(name: str) -> Any:
 def speedups() -> tuple[str, str]:
     """How the barrier checks a remembered route ("in C", or "in Python:
     why"), and where the program's signal handlers are held back."""
-    from . import _signals
 
     return _barrier.check, ("in C" if _signals._csignals is not None else "in Python")
 

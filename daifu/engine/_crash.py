@@ -9,7 +9,9 @@ import sys
 import types
 
 from .._errors import PatchError
-from ..cells import Capabilities, Cell, FrameContext, cells_of, read_locals
+from ..cells import Capabilities, Cell, FrameContext, cell_range, cells_of, read_locals
+from ._decision import Resolution
+from ._queue import ExecPatch, PatchQueue
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -39,9 +41,6 @@ class Crash(Capabilities):
     def __init__(self, submit: Callable[[Any, Crash], Any], exc: BaseException, cell: Cell,
                  frame: types.FrameType, lasti: int, stack: tuple, attempt: int,
                  started: float):
-        from ._decision import Resolution
-        from ._queue import PatchQueue
-
         #: the engine's way to apply a patch to this crash now (``Engine.submit``)
         self._submit = submit
         #: patches for this crash (rules, console, attach, replay put them here;
@@ -161,7 +160,6 @@ class Crash(Capabilities):
         new names that are not variables of the function become globals.
         Raises ``PatchError`` if the code does not compile or raises.
         """
-        from ._queue import ExecPatch
 
         self._submit(ExecPatch(code), self)
 
@@ -249,7 +247,6 @@ def is_library(frame: types.FrameType) -> bool:
     (torch's ``Module._call_impl``, Lightning's loops, ipykernel, asyncio) --
     that daifu did not vaccinate: collapsed in the report and ``bt``, and
     passed by ``up``/``down``."""
-    from ..cells import cells_of
 
     return _installed(frame.f_code.co_filename) and cells_of(frame.f_code) is None
 
@@ -298,8 +295,6 @@ def _yielded(cell: Cell, code: types.CodeType, lasti: int) -> str | None:
     ``yield`` of the statement had run yet."""
     import dis
 
-    from ..cells import cell_range
-
     found = cell_range(cell.info, code, 2 * lasti)
     if found is None:
         return None
@@ -321,7 +316,6 @@ def _advanced(exc: BaseException, frame: types.FrameType,
     its ``raise`` skipped: the header refuses.  Other code (a library's
     iterator) can only be retried from here: allowed, with the risk said.
     (None, None) when ``next()`` ran no Python code (a C iterator)."""
-    from ..cells import cells_of
 
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame is not frame:

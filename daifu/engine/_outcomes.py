@@ -10,7 +10,11 @@ from ..cells import (
 )
 from ._crash import Crash, exception_text
 from ._events import (
+    CheckpointFailed,
+    CheckpointNote,
+    CheckpointSaved,
     InternalError,
+    RunSummary,
     emit,
     write,
 )
@@ -47,7 +51,6 @@ class Outcomes:
         """Write the emergency checkpoint of ``crash``'s state (``_checkpoint``):
         ``(its path, what was saved)``, or ``(None, why not)`` -- nothing in
         reach to save, or it could not be written (an event says so too)."""
-        from ._events import CheckpointFailed, CheckpointNote, CheckpointSaved
         from .persist._checkpoint import CheckpointError, save
         from .persist._resume import KEEPER
 
@@ -157,7 +160,6 @@ class Outcomes:
     def summary(self, fatal: BaseException | None = None):
         """The run's ``RunSummary`` (``fatal``: the exception the program dies
         of), or None when there was no crash to speak of."""
-        from ._events import RunSummary
 
         died = int(fatal is not None and self.gave_up.holds(fatal))
         recovered = max(self.stats["recovered"], 0)

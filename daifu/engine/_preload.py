@@ -39,6 +39,10 @@ import os
 import sys
 import threading
 
+from ..cells import load_rewrite
+from . import _signals
+from ._events import warm
+
 #: seconds after daifu is installed
 DELAY_S = 2.0
 _done = threading.Event()
@@ -55,12 +59,9 @@ def _imports() -> None:
         # the bytecode readers the search for a handler uses (and, with
         # them, ``bytecode``): a program whose modules came from the code
         # cache has not imported them (~9 ms at the crash)
-        from ..cells import load_rewrite
 
         load_rewrite()
-        from ._events import warm
         from .human import _console, _report, _waiter  # noqa: F401
-        from .persist import _journal  # noqa: F401
         from .remote import _control  # noqa: F401
 
         warm()
@@ -110,7 +111,6 @@ def _now() -> None:
 
 
 def _timer():  # (daifu's C module, or None)
-    from . import _signals
 
     return _signals._csignals
 

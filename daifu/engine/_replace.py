@@ -6,7 +6,7 @@ import types
 import warnings
 
 from .._errors import PatchError
-from ..cells import is_vaccinated
+from ..cells import is_vaccinated, vaccinate_function
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ def apply_replace(target: Any, new: Any, crash: Crash | None) -> tuple[int, str]
             "match (define the replacement inside the same enclosing function, or replace that)"
         )
     if is_vaccinated(old_code) and not is_vaccinated(new_code):
-        from ..cells import vaccinate_function
-
         probe = types.FunctionType(new_code, nf.__globals__, nf.__name__, nf.__defaults__,
                                    nf.__closure__)
         with warnings.catch_warnings(record=True):

@@ -22,10 +22,15 @@ and ``DAIFU_PRELOAD`` (``engine/_preload.py``; in ``OPTIONS`` for ``--help``).
 from __future__ import annotations
 
 import os
+import sys
 
 from .._errors import ConfigError
+from .._private import check_file
 from .._record import field, record, replace
-from ..cells import Selection
+from ..cells import CodeCache, Selection, default_directory, options
+from ..engine import ENGINE, EngineSettings, Journal, JournalError, Replay, Waiter, rank_unknown_yet
+from ..engine import journal_path as default_path
+from ._logging import expand_path
 from ._patterns import ModuleMatcher
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -447,7 +452,6 @@ class Config:
         days); without it every start would rewrite every function.  ``1``:
         the same, with a warning if unusable.  ``0``: no cache.  Anything
         else: that directory."""
-        from ..cells import CodeCache, default_directory
 
         value = self.cache.lower()
         if value in _FALSE:
@@ -469,8 +473,6 @@ class Config:
 
     def apply(self) -> None:
         """Configure this process's transform and engine from the options."""
-        from ..cells import options
-        from ..engine import ENGINE
 
         options.configure(strict=self.strict, dump=self.dump, cache=self.code_cache())
         # (the journal and the waiters, set by ``setup_engine``, are kept)
@@ -484,20 +486,6 @@ class Config:
     def setup_engine(self, script: str | None, interactive: bool,
                      console: bool | None = None) -> None:
         """Journal, replay and the human in the loop (runner and spawned children)."""
-        import sys
-
-        from .._private import check_file
-        from ..engine import (
-            ENGINE,
-            EngineSettings,
-            Journal,
-            JournalError,
-            Replay,
-            Waiter,
-            rank_unknown_yet,
-        )
-        from ..engine import journal_path as default_path
-        from ._logging import expand_path
 
         journal = expand_path(self.journal) if self.journal else None  # {rank}: one per rank
         if journal and self.journal and rank_unknown_yet(self.journal):
@@ -522,6 +510,5 @@ class Config:
 def _no_waiting_in_forked_children() -> None:
     """A forked child (a DataLoader worker, say) shares the parent's terminal:
     it applies rules but never waits for a human."""
-    from ..engine import ENGINE
 
     ENGINE.waiters[:] = []

@@ -6,8 +6,19 @@ import os
 import sys
 from types import TracebackType
 
+from ..cells import use_dynamo
+from ..engine import (
+    ENGINE,
+    extend_collective_timeouts,
+    hold_signals,
+    keep_loaders,
+    keep_steps,
+    record_sent_indices,
+    start_preload,
+)
+from . import _logging
 from ._config import Config
-from ._finder import DaifuFinder
+from ._finder import DaifuFinder, vaccinate_in_place
 
 _finder: DaifuFinder | None = None
 
@@ -64,7 +75,6 @@ def install(modules: str | None = None, entry: str | None = None,
     cfg.validate()
     cfg.apply()
     uninstall()
-    from ..cells import use_dynamo
 
     # patched now if the program imported them, else when it does (never
     # import multiprocessing or torch for a program that does not use them):
@@ -72,13 +82,6 @@ def install(modules: str | None = None, entry: str | None = None,
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
-    from ..engine import (
-        ENGINE,
-        extend_collective_timeouts,
-        keep_loaders,
-        keep_steps,
-        record_sent_indices,
-    )
 
     def loaders() -> None:
         record_sent_indices()
@@ -107,7 +110,6 @@ def install(modules: str | None = None, entry: str | None = None,
         if name not in later:
             patch()
     _vaccinate_imported(cfg)
-    from ..engine import hold_signals, start_preload
 
     hold_signals()  # the program's signal handlers never run in daifu's code
     start_preload()  # what the first crash imports, a few seconds from now
@@ -127,7 +129,6 @@ def _vaccinate_imported(cfg: Config) -> None:
     finder = _finder
     if finder is None or not (cfg.matcher or finder.project is not None):
         return
-    from ._finder import vaccinate_in_place
 
     for name, module in list(sys.modules.items()):
         if module is not None and name != "__main__" \
@@ -158,8 +159,6 @@ def ensure_engine() -> None:
     ``DAIFU_WAIT``, the console on a terminal, ``DAIFU_LOG`` -- once per
     process, unless the runner (or an earlier call) set it up."""
     global _engine_ready
-    from ..engine import ENGINE
-    from . import _logging
 
     if _engine_ready or ENGINE.journal is not None:
         return

@@ -17,17 +17,36 @@ import importlib.util
 import os
 import runpy
 import sys
+import threading
+import time
 import types
 import warnings
+import zipfile
+import zipimport
 
 from .._errors import ConfigError, NotVaccinatedWarning
+from .._private import open_private
 from .._runtime import RUNTIME
 from .._version import __version__
-from ..engine import is_plumbing
+from ..cells import SUPPORTED, backend, pending_of
+from ..engine import (
+    ENGINE,
+    emit,
+    install_preemption,
+    is_plumbing,
+    job_file_info,
+    register_job,
+    serve_break,
+    serve_stacks,
+    settle_preload,
+    speedups,
+    unregister_job,
+)
 from . import _logging
 from ._config import BY_FLAG, OPTIONS, Config, variables_help
 from ._finder import compile_vaccinated
 from ._install import install
+from ._project import Project
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -109,7 +128,6 @@ def _version_action(argparse):
 def version_line() -> str:
     """``daifu X (CPython Y; the barrier's route check in C|in Python: why;
     signal handlers held back in C|in Python)``."""
-    from ..engine import speedups
 
     check, held = speedups()
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
@@ -180,7 +198,6 @@ def main(argv: list[str] | None = None) -> None:
         # in a rank of a distributed job: the launcher ends the peers of a failed
         # rank with SIGTERM while they wait in a collective, where no Python
         # handler can run -- they must die at once, as without daifu
-        from ..engine import ENGINE, install_preemption
 
         install_preemption(ENGINE, cfg.grace)
     if cfg.explain:
@@ -202,7 +219,6 @@ def main(argv: list[str] | None = None) -> None:
 def _refuse_what_cannot_run(ns: Any, script: str | None, module: str | None) -> None:
     """Exit 2, saying why, on an unsupported Python (without --unprotected),
     no program, or a launcher (torchrun) given as the program."""
-    from ..cells import SUPPORTED, backend
 
     back, _reason = backend()
     if back is None and not (ns is not None and ns.unprotected):
@@ -238,7 +254,6 @@ def _configured(ns: Any, script: str | None) -> Config:
                 raise ConfigError(f"fixes file not found: {path}")
         if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
             # (0600, never through a symbolic link: it shows the program's code)
-            from .._private import open_private
 
             os.close(open_private(cfg.dump, "the dump (--dump)", ConfigError, sink=True))
     except ConfigError as exc:
@@ -259,7 +274,6 @@ def _project_of(script: str | None, module: str | None):
     script's directory (a directory's own, for a directory with
     ``__main__.py``; none for a zip application), or for ``-m pkg.mod`` the
     package ``pkg`` (for ``-m mod``, the modules beside ``mod``)."""
-    from ._project import Project
 
     if script is not None:
         path = os.path.abspath(script)
@@ -297,14 +311,8 @@ def _explain(script: str | None, module: str | None, cfg: Config) -> None:
 
 def _register_job(script, module, args, cfg) -> None:
     """A job file for ``python -m daifu ps`` (removed at exit)."""
-    import time
-
-    from ..engine import register_job, unregister_job
 
     program = [script] if script is not None else ["-m", module]
-    import threading
-
-    from ..engine import job_file_info, serve_break, serve_stacks
 
     info = {"state": "running", "argv": [*program, *args], "cwd": os.getcwd(),
             "started": time.time(), "python": sys.version.split()[0],
@@ -322,7 +330,6 @@ def _summary(fatal: BaseException | None = None) -> None:
     if RUNTIME.summarised:
         return
     RUNTIME.summarised = True
-    from ..engine import ENGINE, emit
 
     ENGINE.report_repeats()
     summary = ENGINE.summary(fatal)
@@ -432,7 +439,6 @@ def _run_zip(script: str, archive: str, cfg: Config) -> None:
     """A zip application: its ``__main__`` vaccinated from the source that
     zipimport reads out of the archive, as ``python app.zip`` runs it
     (``__file__`` inside the archive, the zipimporter its loader)."""
-    import zipimport
 
     try:
         importer = zipimport.zipimporter(archive)
@@ -454,8 +460,6 @@ def _run_zip(script: str, archive: str, cfg: Config) -> None:
 
 
 def _is_zip(path: str) -> bool:
-    import zipfile  # (only for a script not named .py: start-up stays lean)
-
     try:
         return os.path.isfile(path) and zipfile.is_zipfile(path)
     except OSError:
@@ -592,7 +596,6 @@ def strip_traceback(tb: types.TracebackType | None) -> types.TracebackType | Non
     and the frame of a first-call stub (``cells._lazy``) wherever it is: an
     exception in a function's first call shows the traceback it would show
     without daifu."""
-    from ..cells import pending_of
 
     while tb is not None and is_plumbing(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
@@ -619,8 +622,6 @@ def _exit_by_sigint() -> None:
     into status 1.  So: stop the preload, then set the flag again, the one
     way CPython sets it -- a string exec that raises ``KeyboardInterrupt``."""
     try:
-        from ..engine import settle_preload
-
         settle_preload()
         exec("raise KeyboardInterrupt", {})  # noqa: S102 (a constant)
     except KeyboardInterrupt:

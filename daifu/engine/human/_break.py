@@ -38,6 +38,8 @@ import threading
 import time
 import types
 
+from ...cells import cell_range, cells_of
+
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
@@ -110,7 +112,6 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
 
 def arm(frame: types.FrameType | None) -> None:
     """Pause at the next statement of a vaccinated frame of this thread."""
-    from ...cells import cells_of
 
     passing = _wired["passing"]
     with _lock:
@@ -159,8 +160,6 @@ def _expired() -> bool:
 
 
 def _global(frame: types.FrameType, event: str, arg: Any):
-    from ...cells import cells_of
-
     if _expired():
         return None
     if event == "call" and cells_of(frame.f_code) is not None:
@@ -180,8 +179,6 @@ def _local(frame: types.FrameType, event: str, arg: Any):
 
 
 def _at_a_statement_start(frame: types.FrameType) -> bool:
-    from ...cells import cell_range, cells_of
-
     if _wired["busy"]():
         return False  # inside daifu's own handling (a rule calling the program)
     info = cells_of(frame.f_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from .. import _job
@@ -120,7 +121,6 @@ class Ranks:
 
     def do_all(self, arg: str) -> bool:
         """all COMMAND: COMMAND on every waiting rank of the job, together"""
-        import threading
 
         if not arg.strip():
             self.ok = False

@@ -30,6 +30,10 @@ import sys
 import threading
 import types
 
+from ...cells import cells_of, original_code, read_locals
+from .._events import CheckpointFailed, CheckpointSaved, emit
+from ._resume import KEEPER
+
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
@@ -135,7 +139,6 @@ def _die() -> None:
 
 def _loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType, set[int]] | None:
     """The outermost vaccinated frame running a loop, and its loop-header lines."""
-    from ...cells import cells_of
 
     found = None
     while frame is not None:
@@ -153,8 +156,6 @@ def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType
     program's ``optimizer.step()`` call: ``engine/persist/_resume.py``), of any kind,
     vaccinated or not, and the lines that start its next iteration: a
     gradient-accumulation loop inside it is not it."""
-    from ...cells import original_code
-    from ._resume import KEEPER
 
     try:
         target = KEEPER.loop_target()
@@ -171,10 +172,7 @@ def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType
 
 
 def _save(frame: types.FrameType | None, state: str) -> None:
-    from ...cells import read_locals
-    from .._events import CheckpointFailed, CheckpointSaved, emit
     from ._checkpoint import CheckpointError, save
-    from ._resume import KEEPER
 
     where = (f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?")
     try:

@@ -44,6 +44,9 @@ import sys
 import types
 import weakref
 
+from ..._version import __version__
+from ...cells import original_code, read_locals
+
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
@@ -210,7 +213,6 @@ class Keeper:
     def _find_own(self) -> None:
         """The generators the program holds itself (``_own_generators``),
         looked for at the first steps and every ``_FIND_EVERY`` after."""
-        from ...cells import read_locals
 
         scopes: list[dict[str, Any]] = []
         frame: Any = sys._getframe(2)
@@ -469,8 +471,6 @@ def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int, int] | 
     body's first line)."""
     import dis
 
-    from ...cells import original_code
-
     for code, lasti in site:
         line = None
         for start, end, lineno in code.co_lines():
@@ -657,7 +657,6 @@ _KINDS = ("modules", "optimizers", "schedulers", "scalers")
 def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any]:
     """Restore a checkpoint daifu wrote into the running program; returns
     the position to go on from (see ``daifu.resume``)."""
-    from ..._version import __version__
     from ._checkpoint import FORMAT, load_checkpoint, restore_rng
 
     try:

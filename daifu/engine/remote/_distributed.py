@@ -28,12 +28,18 @@ one rank:
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 import threading
 import time
+import types
 
+from ..._errors import PatchError
+from ...cells import get as loaded_file
 from .._decision import CONTINUE, RETRY, SKIP, Decision
+from .._events import TimeoutExtended, emit
+from .._job import distributed
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -108,7 +114,6 @@ def extend_collective_timeouts(waiters: Any) -> None:
         extra = peer_timeout_s(waiters())
         if extra and isinstance(timeout, datetime.timedelta):
             kwargs["timeout"] = timeout + datetime.timedelta(seconds=extra)
-            from .._events import TimeoutExtended, emit
 
             emit(TimeoutExtended(group=str(kwargs.get("group_desc") or ""),
                                  timeout_s=timeout.total_seconds(),
@@ -332,7 +337,6 @@ def _module_verdict(module: str) -> str:
 def _verdict(obj: Any) -> str:
     """Can calling ``obj`` issue a collective: "collective", "safe" (it cannot
     reach ``torch.distributed``), or "unknown"."""
-    import types
 
     if obj is _UNKNOWN:
         return "unknown"
@@ -363,9 +367,7 @@ def _resolve(node: ast.expr, frame, rebound: set[str]) -> Any:
     anything (``inspect.getattr_static``); ``_UNKNOWN`` where that cannot be
     told (a name the left-out code binds again, a property, ``__getattr__``)."""
     import ast
-    import builtins
     import inspect
-    import types
 
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
@@ -444,7 +446,6 @@ def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
     import ast
 
     from ...cells import ModuleSource, cells_of, original_code, source_for_file
-    from ...cells import get as loaded_file
 
     try:
         code = crash.frame.f_code
@@ -603,8 +604,6 @@ def _key() -> bytes:
 
 
 def _job() -> str:
-    from .._job import distributed
-
     return str(distributed().get("job") or "")
 
 
@@ -801,7 +800,6 @@ def agree(decision: Decision, crash: Crash) -> None:
     """Wait until every rank of the job takes ``decision`` at the same crash;
     raise ``PatchError`` with the reason when they do not (in time), or when
     one of them cannot take it (``_job_reason``)."""
-    from ..._errors import PatchError
     from ._seal import SealError
 
     group = _group()

@@ -47,7 +47,7 @@ import threading
 import time
 
 from .._crash import _installed, is_plumbing
-from .._events import RelayUnavailable, emit
+from .._events import RelayUnavailable, StoreDropped, emit
 from .._job import distributed, job_file_info
 from ._control import SEND_TIMEOUT_S, EndpointError, Session, list_jobs, request, send_to_ranks
 from ._rundir import running_jobs
@@ -138,8 +138,6 @@ class _Drops:
                 return
             self._last[kind], self._held[kind] = now, 0
         try:
-            from .._events import StoreDropped, emit
-
             emit(StoreDropped(key=key, reason=reason, count=count))
         except Exception:
             pass
@@ -219,8 +217,6 @@ class Relay(threading.Thread):
             self._stopping.wait(pause)
             pause = min(pause * 2, _REACH_PAUSE_S)
         if reason and not self._stopping.is_set():
-            from .._events import RelayUnavailable, emit
-
             emit(RelayUnavailable(store=f"{self.addr}:{self.port}", reason=reason))
         return None
 

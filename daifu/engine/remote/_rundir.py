@@ -5,11 +5,13 @@ on a crash (``<pid>.sock``) and the job files of running jobs
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
 
 from ..._private import check_private as _check_private
+from ..._private import open_private
 
 RUNTIME_ENV = "DAIFU_RUNTIME_DIR"
 
@@ -116,7 +118,6 @@ def register_job(info: dict) -> str | None:
     """Write ``<runtime dir>/<pid>.job`` (mode 0600) for ``ps``; removed by
     ``unregister_job`` at exit.  Never fails the job: returns None when the
     directory cannot be had."""
-    from ..._private import open_private
 
     try:
         directory = runtime_dir(create=True, quiet=True)
@@ -146,9 +147,6 @@ def serve_stacks() -> int | None:
     while the main thread is blocked in C: a read, a sleep, a collective),
     to ``<runtime dir>/<pid>.stacks`` (0600) on ``STACKS_SIGNAL``.  Returns
     the signal, or None where that cannot be set up (the job runs on)."""
-    import faulthandler
-
-    from ..._private import open_private
 
     try:
         path = os.path.join(runtime_dir(create=True, quiet=True), f"{os.getpid()}.stacks")
