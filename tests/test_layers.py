@@ -197,3 +197,24 @@ def test_the_names_imported_on_first_use_are_declared_alike_for_type_checkers(pa
                 for block in blocks for node in block.body
                 if isinstance(node, ast.ImportFrom) and node.level == 1 for a in node.names}
     assert declared == {name: where for name, where in pkg._LAZY.items()}
+
+
+def test_each_import_inside_a_function_says_what_it_saves():
+    """Imports are at the top of their modules, except where start-up time
+    needs one inside a function; that one says what it saves, measured by
+    ``perf/lazy_imports.py --write`` (``lazy: N ms``, on its line or the one
+    above).  An import of a module loaded anyway belongs at the top."""
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    try:
+        import lazy_imports
+    finally:
+        sys.path.remove(os.path.join(ROOT, "perf"))
+    found = lazy_imports.lazy_imports()
+    assert len(found) > 50
+    bare = []
+    for path, first, _, modules in found:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+        if not any(lazy_imports.MARK.search(line) for line in lines[max(first - 2, 0):first]):
+            bare.append(f"{os.path.relpath(path, ROOT)}:{first} ({', '.join(modules)})")
+    assert bare == [], "run: .venv/bin/python perf/lazy_imports.py --write"

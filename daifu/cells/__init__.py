@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 def load_rewrite() -> None:
     """Import the rewrite now (what vaccinating the first function imports),
     so that the first crash does not wait for it (``engine._preload``)."""
-    from ._rewrite import _core  # noqa: F401
+    from ._rewrite import _core  # noqa: F401  # lazy: 59.3 ms
 
 
 __all__ = [

@@ -26,7 +26,7 @@ def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str
     """Return ``(module, None)`` for a supported interpreter, else ``(None, reason)``."""
     ver = version or sys.version_info[:2]
     if ver == sys.version_info[:2] and _versions.running() is not None:
-        from . import _rewrite
+        from . import _rewrite  # lazy: 0.8 ms
 
         return _rewrite, None  # type: ignore[return-value]  # (module __getattr__)
     known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED)

@@ -154,7 +154,7 @@ def _like(wrapper: Any, wrapped: Any) -> Any:
 def _first_params(fn: Any, names: list[str]) -> str:
     """'' if ``fn`` is a plain function whose first parameters are ``names``
     (positional), else what is wrong."""
-    import inspect
+    import inspect  # lazy: 7.3 ms
 
     if type(fn) is not types.FunctionType:
         return f"no function where {names[-1]!r} is read"

@@ -10,6 +10,7 @@ match -- is the same, and written once here.
 from __future__ import annotations
 
 import ctypes
+import gc
 import types
 
 from ._consts import _decref
@@ -54,8 +55,6 @@ def running_function(frame: types.FrameType, inner: ctypes.Structure | None,
         func = ctypes.cast(address, ctypes.py_object).value
         if isinstance(func, types.FunctionType) and func.__code__ is frame.f_code:
             return func
-    import gc  # (rarely: only where the layout check failed)
-
     candidates = [r for r in gc.get_referrers(frame.f_code)
                   if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
     return candidates[0] if len(candidates) == 1 else None

@@ -458,7 +458,7 @@ def _align(old: ModuleSource, block_old: list[ast.stmt], i: int, new: ModuleSour
     """Where statement ``i`` of ``block_old`` is in ``block_new``: (index,
     exact) -- exact when it is there unchanged or edited one for one; None
     when it has no counterpart."""
-    import difflib
+    import difflib  # lazy: 1.0 ms
 
     keys_old = [_key(old, s) for s in block_old]
     keys_new = [_key(new, s) for s in block_new]

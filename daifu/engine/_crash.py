@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import os
 import sys
 import types
@@ -75,7 +76,7 @@ class Crash(Capabilities):
         #: the iterator it was reading (``_loaders.rewrap``)
         self.rewrap: tuple[Any, str] | None = None
         if dead is not None and cell.role == "loop-header":
-            from ._loaders import rewrap
+            from ._loaders import rewrap  # lazy: 3.4 ms
 
             try:
                 self.rewrap = rewrap(self.iterator, exc)
@@ -88,7 +89,7 @@ class Crash(Capabilities):
         self.batch: Any = None
         header = cell.role == "loop-header"
         if cell.role == "loop-header" and "torch.utils.data.dataloader" in sys.modules:
-            from ._loaders import failure
+            from ._loaders import failure  # lazy: 3.4 ms
 
             try:
                 self.batch = failure(exc)
@@ -225,7 +226,7 @@ def is_plumbing(filename: str) -> bool:
 
 
 def _library_roots() -> tuple[str, ...]:
-    import sysconfig
+    import sysconfig  # lazy: 0.7 ms
 
     roots = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -293,7 +294,7 @@ def _yielded(cell: Cell, code: types.CodeType, lasti: int) -> str | None:
     failed (``total = total + (yield total) + need(1)``): the value sent in
     would be lost, and the generator would yield once more.  None when no
     ``yield`` of the statement had run yet."""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     found = cell_range(cell.info, code, 2 * lasti)
     if found is None:
@@ -354,8 +355,6 @@ def _dead_iterator(it: Any) -> str | None:
 def _iterator_chain(it: Any, limit: int = 8) -> list[Any]:
     """The iterator and the iterators wrapped by builtin adapters around it
     (``enumerate``, ``zip``, ``map``, ``itertools.*``)."""
-    import gc
-
     seen: set[int] = set()
     out: list[Any] = []
     todo = [it]

@@ -460,7 +460,7 @@ class Engine(Retries, Patches, Outcomes):
             try:
                 verdict = rule.fn(crash)
             except Exception as err:
-                import traceback
+                import traceback  # lazy: 4.2 ms
 
                 emit(RuleFailed(rule=rule.origin, where=crash.where,
                                 error=exception_text(err, with_type=True),
@@ -621,7 +621,7 @@ class Engine(Retries, Patches, Outcomes):
 def _break_waiter():
     """Who a pause waits for when the job has no waiter of its own (headless,
     no --wait): the control endpoint, until told -- pausing was asked for."""
-    from .human._waiter import Waiter
+    from .human._waiter import Waiter  # lazy: 4.4 ms
 
     return Waiter(console=sys.stdin.isatty() and sys.stderr.isatty(), wait=None)
 

@@ -63,7 +63,7 @@ _CO_GENERATOR_LIKE = (_CO_GENERATOR | _CO_COROUTINE | _CO_ITERABLE_COROUTINE
 
 
 def _getattr_static(obj: Any, attr: str, *default: Any) -> Any:
-    import inspect
+    import inspect  # lazy: 7.3 ms
 
     return inspect.getattr_static(obj, attr, *default)
 
@@ -727,7 +727,7 @@ def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
     back, _ = backend()
     if back is None or not _covered(code, offset):
         return ()  # no handler around it: nothing to decode (or parse)
-    from ..cells import source_for_file
+    from ..cells import source_for_file  # lazy: 17.3 ms
 
     return back.chain_for_code(code, offset, source_for_file(code.co_filename))
 
@@ -736,7 +736,7 @@ def _covered(code: types.CodeType, offset: int) -> bool:
     """Is byte ``offset`` of ``code`` inside an exception-table entry?"""
     if not code.co_exceptiontable:
         return False
-    import dis
+    import dis  # lazy: 1.9 ms
 
     entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
     return any(e.start <= offset < e.end for e in entries)

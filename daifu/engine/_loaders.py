@@ -144,7 +144,7 @@ def failure(exc: BaseException) -> LoaderFailure | None:
 
 
 def _failed_batch(it: Any, inner: list[types.FrameType]) -> LoaderFailure:
-    from torch.utils.data.dataloader import _DatasetKind
+    from torch.utils.data.dataloader import _DatasetKind  # lazy: 1.4 s
 
     if getattr(it, "_dataset_kind", None) != _DatasetKind.Map:
         return LoaderFailure(it, None, "the dataset is an IterableDataset: its batches have no "
@@ -191,13 +191,13 @@ def _refetch(it: Any, index: Any) -> Any:
     it.__dict__.pop("_next_data", None)
     fetcher = getattr(it, "_dataset_fetcher", None)
     if fetcher is None:  # worker processes fetch for the iterator: fetch here instead
-        from torch.utils.data.dataloader import _DatasetKind
+        from torch.utils.data.dataloader import _DatasetKind  # lazy: 1.4 s
 
         fetcher = _DatasetKind.create_fetcher(it._dataset_kind, it._dataset,
                                               it._auto_collation, it._collate_fn, it._drop_last)
     data = fetcher.fetch(index)
     if it._pin_memory:
-        from torch.utils.data import _utils
+        from torch.utils.data import _utils  # lazy: 1.6 s
 
         data = _utils.pin_memory.pin_memory(data, it._pin_memory_device)
     return data
@@ -252,7 +252,7 @@ def record_sent_indices(module: Any = None) -> None:
     the same batch needs).  Called once ``torch.utils.data.dataloader`` is
     imported; costs one dict insert and delete per batch."""
     if module is None:
-        import torch.utils.data.dataloader as module
+        import torch.utils.data.dataloader as module  # lazy: 1.4 s
     cls = getattr(module, "_MultiProcessingDataLoaderIter", None)
     if cls is None or "_next_index" in cls.__dict__:
         return

@@ -52,17 +52,12 @@ _stopped = False
 
 def _imports() -> None:
     try:
-        import dis  # noqa: F401
-        import hashlib  # noqa: F401
-        import json  # noqa: F401
 
         # the bytecode readers the search for a handler uses (and, with
         # them, ``bytecode``): a program whose modules came from the code
         # cache has not imported them (~9 ms at the crash)
 
         load_rewrite()
-        from .human import _console, _report, _waiter  # noqa: F401
-        from .remote import _control  # noqa: F401
 
         warm()
     except BaseException:  # never into the program: the crash imports them itself

@@ -59,7 +59,7 @@ def program_random_untouched() -> Iterator[None]:
     independent swaps, left in the wrong order, would leave the main
     thread's wrapper installed for good -- and the program's ``random``, and
     the checkpoint's ``random.getstate()``, on a private generator."""
-    import random
+    import random  # lazy: 1.1 ms
 
     me = threading.get_ident()
     with _random_lock:

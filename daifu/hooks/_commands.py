@@ -131,7 +131,7 @@ def doctor(args: list[str]) -> int:
     check(back is not None, "bytecode backend", reason or f"CPython {back.PYTHON[0]}."
           f"{back.PYTHON[1]}" if back is not None else reason or "")
     try:
-        import bytecode
+        import bytecode  # lazy: 15.2 ms
 
         check(True, "bytecode library", getattr(bytecode, "__version__", "?"))
     except ImportError as exc:
@@ -156,7 +156,7 @@ def doctor(args: list[str]) -> int:
     else:
         check(True, "code cache", f"{cache} (not created yet)")
     try:
-        import torch
+        import torch  # lazy: 1.4 s
 
         check(True, "torch", f"{torch.__version__} (CUDA: {torch.cuda.is_available()})")
     except ImportError:

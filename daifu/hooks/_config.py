@@ -433,7 +433,7 @@ class Config:
         """The project whose modules are vaccinated (``_project.Project``), or None."""
         if not (self.use_project and self.project):
             return None
-        from ._project import Project
+        from ._project import Project  # lazy: 24.4 ms
 
         return Project.from_env(self.project)
 

@@ -45,7 +45,7 @@ _PREFIX = "import daifu.hooks._child as _daifu_child; _daifu_child.activate(); "
 
 def patch_spawn() -> None:
     """Make multiprocessing's spawn command line activate daifu first."""
-    import multiprocessing.spawn as spawn
+    import multiprocessing.spawn as spawn  # lazy: 8.2 ms
 
     if getattr(spawn.get_command_line, "_daifu", False):
         return
@@ -117,7 +117,7 @@ def install(modules: str | None = None, entry: str | None = None,
 
 
 def _compile_original() -> None:
-    from ..cells import trace_original
+    from ..cells import trace_original  # lazy: 1.2 ms
 
     trace_original()
 

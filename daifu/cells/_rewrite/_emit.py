@@ -558,7 +558,7 @@ def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for,
 
 def _emit_continuation_prologue(items, bc, code, runs, spec: Continuation, label_for) -> None:
     """Turn the rewritten code into a continuation (see ``Continuation``)."""
-    from bytecode import CompilerFlags
+    from bytecode import CompilerFlags  # lazy: 15.2 ms
 
     module = not code.co_flags & 0x1  # not CO_OPTIMIZED: module-level code
     prologue: list[Instr | Label] = []

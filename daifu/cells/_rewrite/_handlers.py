@@ -85,7 +85,7 @@ def _ref_from_instrs(instrs: list[Instr]) -> Ref | None:
 
 def _ref_from_ast(node, code: types.CodeType) -> Ref | None:
     """A ``Ref`` for a name / attribute chain / tuple expression in ``code``."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     if isinstance(node, ast.Name):
         if code.co_name == "<module>" or code.co_flags & 0x1 == 0:  # not CO_OPTIMIZED
@@ -111,7 +111,7 @@ def _ref_from_ast(node, code: types.CodeType) -> Ref | None:
 def _with_guard(slot: int, stmt, item_index: int, code: types.CodeType) -> WithGuard:
     """Describe the ``with`` item whose handler was found, for callers' frames
     where the live ``__exit__`` cannot be read."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     items = getattr(stmt, "items", None) or []
     if not 0 <= item_index < len(items):
@@ -249,7 +249,7 @@ def handler_chain(ops, label_at, entry: EntryKey | None, msrc: ModuleSource | No
 def chain_for_code(code: types.CodeType, offset: int, msrc: ModuleSource | None):
     """Guards around the instruction at byte ``offset`` of an *unmodified* code
     object (used for caller frames at crash time)."""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     ops, label_at = _flatten(bc)
@@ -271,7 +271,7 @@ def chain_for_code(code: types.CodeType, offset: int, msrc: ModuleSource | None)
 def returns_truthy(code: types.CodeType) -> bool:
     """Can the code return something other than a constant false value (an
     ``__exit__`` that may suppress)?"""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     previous = None
     for ins in dis.get_instructions(code):
@@ -288,7 +288,7 @@ def returns_truthy(code: types.CodeType) -> bool:
 @lru_cache(maxsize=512)
 def has_except_handler(code: types.CodeType) -> bool:
     """Any ``except`` clause (typed or bare) in the code?"""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     instrs = list(dis.get_instructions(code))
     for ins, nxt in zip(instrs, instrs[1:]):
@@ -321,7 +321,7 @@ def effects(code: types.CodeType, start: int, stop: int) -> list[tuple[str, str,
     """What the instructions in bytes [start, stop) of ``code`` did that a retry
     repeats: ``(kind, detail, positions)`` with kind ``call``, ``store`` or
     ``in-place`` (detail: the operator)."""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     out: list[tuple[str, str, object]] = []
     # ``stop`` is where the exception was raised: the instruction holding it

@@ -327,7 +327,7 @@ def run_local(crash: Crash, apply: Apply) -> Console:
     history = os.path.expanduser(HISTORY)
     readline: Any
     try:
-        import readline
+        import readline  # lazy: 1.0 ms
 
         readline.set_completer_delims(" \t\n`~!@#$%^&*()-=+[{]}\\|;:'\",<>/?")
         readline.set_history_length(HISTORY_LENGTH)  # the file is capped when written

@@ -64,7 +64,7 @@ class Inspect:
             self.ok = False
             self.say("interact needs the job's own terminal; use ! or exec from here")
             return False
-        import code as code_module
+        import code as code_module  # lazy: 3.5 ms
 
         frame = self.frame
         names = dict(frame.f_globals)

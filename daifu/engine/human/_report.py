@@ -250,7 +250,7 @@ def redraws(crash: Crash, level: int) -> list[str]:
     loader_type = getattr(data, "DataLoader", None)
     if loader_type is None:
         return []
-    import ast
+    import ast  # lazy: 1.3 ms
 
     out = []
     for n, frame in enumerate(crash.frames()[:level]):
@@ -284,7 +284,7 @@ def _inside(node, line: int) -> bool:
 
 def _iterated(expr) -> list:
     """The plain names/attributes a for loop's iterable reads directly."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     if isinstance(expr, (ast.Name, ast.Attribute)):
         return [expr]
@@ -295,7 +295,7 @@ def _iterated(expr) -> list:
 
 
 def _lookup(expr, names: dict, globals_: dict) -> Any:
-    import ast
+    import ast  # lazy: 1.3 ms
 
     if isinstance(expr, ast.Name):
         return names.get(expr.id, globals_.get(expr.id))
@@ -346,7 +346,7 @@ def _one_line(text: str, limit: int = 120) -> str:
 def _container_summary(value: Any, limit: int = 3) -> str | None:
     """A list/tuple/dict holding torch objects: each summarised (a batch
     ``[images, labels]``, a dict of tensors), the first ``limit`` shown."""
-    import torch
+    import torch  # lazy: 1.4 s
 
     if isinstance(value, (list, tuple)):
         items = list(value)
@@ -368,7 +368,7 @@ def _container_summary(value: Any, limit: int = 3) -> str | None:
 
 
 def _torch_summary(value: Any) -> str | None:
-    import torch
+    import torch  # lazy: 1.4 s
 
     if isinstance(value, torch.Tensor):
         parts = [f"tensor{tuple(value.shape)}", str(value.dtype).replace("torch.", ""),

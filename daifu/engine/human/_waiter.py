@@ -8,6 +8,7 @@ it gives up exactly as without daifu.  SIGTERM while waiting gives up too.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sys
@@ -54,15 +55,13 @@ class JobConsole:
     exits, however it exits)."""
 
     def __init__(self) -> None:
-        from ..remote._rundir import runtime_dir
+        from ..remote._rundir import runtime_dir  # lazy: 1.9 ms
 
         job = str(distributed().get("job") or "job").replace("/", "_")
         self.path = os.path.join(runtime_dir(), f"console-{job}.lock")
         self._fd: int | None = None
 
     def take(self) -> bool:
-        import fcntl
-
         if self._fd is not None:
             return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -107,7 +106,7 @@ class Waiter:
             return self._wait(crash, engine)
 
     def _wait(self, crash: Crash, engine: Engine) -> str | None:
-        from ._report import build as build_report
+        from ._report import build as build_report  # lazy: 16.4 ms
 
         report = build_report(crash)
         event = CrashReport(where=crash.where, title=report.title, statement=report.statement,
@@ -181,8 +180,8 @@ class Waiter:
         return self._serve(crash, engine, server, until=owner.take if owner is not None else None)
 
     def _console(self, crash: Crash, engine: Engine, status: dict, report) -> str | None:
-        from ._console import PASS, run_local
-        from ._progress import paused
+        from ._console import PASS, run_local  # lazy: 60.9 ms
+        from ._progress import paused  # lazy: 3.0 ms
 
         server = self._open(status, report.render(), local=True)
         self._notify(crash, server)
@@ -199,9 +198,9 @@ class Waiter:
         """Run remote commands until one decides.  ``until``: another rank
         holds the job's console -- wait as long as it does (no ``--wait``
         deadline), and return ``_TAKEN`` once ``until()`` took it over."""
-        import queue
+        import queue  # lazy: 1.0 ms
 
-        from ._console import PASS, run_line
+        from ._console import PASS, run_line  # lazy: 60.9 ms
 
         deadline = None if self.wait_s is None or until else time.monotonic() + self.wait_s
         while True:
@@ -234,7 +233,7 @@ class Waiter:
         """Run ``--notify CMD`` (in the background; it never holds the job up)."""
         if not self.notify:
             return
-        import subprocess
+        import subprocess  # lazy: 5.1 ms
 
         pid = os.getpid()
         env = dict(os.environ, DAIFU_PID=str(pid), DAIFU_WHERE=crash.where,
@@ -253,7 +252,7 @@ class Waiter:
         emit(NotifySent(where=crash.where, command=self.notify))
 
     def _open(self, status, report, local: bool) -> ControlServer | None:
-        from ..remote._control import ControlServer, EndpointError
+        from ..remote._control import ControlServer, EndpointError  # lazy: 13.9 ms
 
         server = ControlServer(status, report, console_is_local=local)
         try:

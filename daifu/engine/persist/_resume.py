@@ -39,6 +39,7 @@ without torch, with ``--no-checkpoint``, or before the program imports
 
 from __future__ import annotations
 
+import array
 import random
 import sys
 import types
@@ -67,7 +68,7 @@ class _RawMT:
     The view holds its owner: the memory it reads stays that object's."""
 
     def __init__(self, owner: Any, address: int, size: int) -> None:
-        import ctypes
+        import ctypes  # lazy: 1.9 ms
 
         self.owner = owner
         self._view = (ctypes.c_char * size).from_address(address)
@@ -91,8 +92,6 @@ def _python_reader() -> _RawMT | None:
 
 
 def _python_state(raw: bytes, gauss_next: Any) -> tuple:
-    import array
-
     index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
     words = array.array("I")
     words.frombytes(raw[4:])
@@ -469,7 +468,7 @@ def _training_loop(site: tuple[tuple[Any, int], ...]) -> tuple[Any, int, int] | 
     """The innermost loop (of the original code) around the call of
     ``optimizer.step()``, from the caller outwards: (code, header line, its
     body's first line)."""
-    import dis
+    import dis  # lazy: 1.9 ms
 
     for code, lasti in site:
         line = None
@@ -505,8 +504,8 @@ def _header_lines(code: Any, line: int, first: int) -> tuple[int, int]:
     ``code``'s source, and its body's first line (the bytecode knows the
     loop's first line only: a ``while`` jumps back to its body); else
     ``first`` for both."""
-    import ast
-    import linecache
+    import ast  # lazy: 1.3 ms
+    import linecache  # lazy: 1.8 ms
 
     try:
         tree = ast.parse("".join(linecache.getlines(code.co_filename)))
@@ -534,7 +533,7 @@ def keep_steps(module: Any = None) -> None:
     if "steps" in _installed:
         return
     if module is None:
-        import torch.optim.optimizer as module
+        import torch.optim.optimizer as module  # lazy: 1.3 s
     register = getattr(module, "register_optimizer_step_post_hook", None)
     if register is None:
         return
@@ -549,7 +548,7 @@ def keep_loaders(module: Any = None) -> None:
     if "loaders" in _installed:
         return
     if module is None:
-        import torch.utils.data.dataloader as module
+        import torch.utils.data.dataloader as module  # lazy: 1.4 s
     loader_cls = getattr(module, "DataLoader", None)
     base = getattr(module, "_BaseDataLoaderIter", None)
     if loader_cls is None or base is None or "__next__" not in base.__dict__:
@@ -657,7 +656,7 @@ _KINDS = ("modules", "optimizers", "schedulers", "scalers")
 def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any]:
     """Restore a checkpoint daifu wrote into the running program; returns
     the position to go on from (see ``daifu.resume``)."""
-    from ._checkpoint import FORMAT, load_checkpoint, restore_rng
+    from ._checkpoint import FORMAT, load_checkpoint, restore_rng  # lazy: 9.5 ms
 
     try:
         ck = load_checkpoint(path, map_location=map_location)
@@ -730,7 +729,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
 
 
 def _kind(obj: Any, torch: Any) -> str | None:
-    from ._checkpoint import _kind_of, _kinds
+    from ._checkpoint import _kind_of, _kinds  # lazy: 9.5 ms
 
     if torch is None:
         return None

@@ -108,7 +108,7 @@ def extend_collective_timeouts(waiters: Any) -> None:
         return
 
     def _new_process_group_helper(*args, **kwargs):
-        import datetime
+        import datetime  # lazy: 2.2 ms
 
         timeout = kwargs.get("timeout")
         extra = peer_timeout_s(waiters())
@@ -119,7 +119,7 @@ def extend_collective_timeouts(waiters: Any) -> None:
                                  timeout_s=timeout.total_seconds(),
                                  extended_s=kwargs["timeout"].total_seconds()))
         made = helper(*args, **kwargs)
-        from ._jobstore import start_relay
+        from ._jobstore import start_relay  # lazy: 40.5 ms
 
         start_relay()  # (once: the ranks on other nodes are reached through the store)
         return made
@@ -147,13 +147,13 @@ def _collectives() -> list[dict[str, Any]] | None:
     """This rank's recent collectives issued by this thread, oldest first;
     None when the flight recorder is off."""
     try:
-        from ._jobstore import flight_recorder_off
+        from ._jobstore import flight_recorder_off  # lazy: 40.5 ms
 
         if flight_recorder_off():
             return None
-        import pickle
+        import pickle  # lazy: 2.1 ms
 
-        import torch
+        import torch  # lazy: 1.4 s
 
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore
     except Exception:
@@ -366,8 +366,8 @@ def _resolve(node: ast.expr, frame, rebound: set[str]) -> Any:
     """What a call's callee names in ``frame``, looked up without running
     anything (``inspect.getattr_static``); ``_UNKNOWN`` where that cannot be
     told (a name the left-out code binds again, a property, ``__getattr__``)."""
-    import ast
-    import inspect
+    import ast  # lazy: 1.3 ms
+    import inspect  # lazy: 7.3 ms
 
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
@@ -399,7 +399,7 @@ def _calls(nodes: list[ast.AST], frame, rebound: set[str]) -> list[tuple[int, st
     over something other than ``range``, a ``with``, an ``await``) in
     ``nodes`` that is not "safe" -- nested functions and classes left out
     (defining one runs nothing of it)."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     out: list[tuple[int, str, str]] = []
     stack = list(nodes)
@@ -443,9 +443,9 @@ def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
     """(the crashed function's AST, the failing statement, the path of nodes
     from the function down to it), from the source the frame runs; None where
     it cannot be read."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
-    from ...cells import ModuleSource, cells_of, original_code, source_for_file
+    from ...cells import ModuleSource, cells_of, original_code, source_for_file  # lazy: 16.8 ms
 
     try:
         code = crash.frame.f_code
@@ -493,7 +493,7 @@ def _still_to_run(stmt: ast.stmt, position: tuple | None) -> list[ast.AST]:
     """The parts of the failing statement that would still run after the
     instruction that failed: calls that enclose it (``f(x[k])``: ``f``) and
     those that start after it.  Of a compound statement, its header only."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     head: list[ast.AST]
     if isinstance(stmt, (ast.If, ast.While)):
@@ -529,7 +529,7 @@ def _left_out(decision: Decision, crash: Crash) -> list[tuple[int, str, str]] | 
     """The calls ``decision`` (skip or continue) would leave out that may run
     a collective -- (line, text, verdict) --, read from the source; None
     where the source cannot be read."""
-    import ast
+    import ast  # lazy: 1.3 ms
 
     found = _source_of(crash)
     if found is None:
@@ -597,7 +597,7 @@ _KEY: list[bytes] = []
 def _key() -> bytes:
     """This user's daifu key (``_seal.load_key``); raises ``SealError``."""
     if not _KEY:
-        from ._seal import load_key
+        from ._seal import load_key  # lazy: 6.7 ms
 
         _KEY.append(load_key(create=True))
     return _KEY[0]
@@ -623,7 +623,7 @@ def mark_at_crash(on: bool) -> None:
     if not active():
         return
     try:
-        from ._seal import seal
+        from ._seal import seal  # lazy: 6.7 ms
 
         store, _, rank = _world()
         store.set(_crash_key(rank), seal(_key(), f"at-crash|{_job()}|{rank}",
@@ -636,8 +636,8 @@ def _at_crash(store: Any, rank: int) -> bool:
     """Is ``rank`` handling a crash, as its sealed mark says?  A mark that is
     not the rank's (forged, moved) is dropped and counts as unknown: the
     agreement then waits its whole timeout, as without a mark."""
-    from ._jobstore import dropped
-    from ._seal import SealError, unseal
+    from ._jobstore import dropped  # lazy: 40.5 ms
+    from ._seal import SealError, unseal  # lazy: 6.7 ms
 
     name = _crash_key(rank)
     try:
@@ -674,8 +674,8 @@ class _Meeting:
     def _read(self, rank: int, phase: str) -> dict | None:
         """A rank's sealed value of ``phase`` ("agree", "seen"), or None (not
         there yet, or not sealed for it: dropped and named once)."""
-        from ._jobstore import dropped
-        from ._seal import SealError, unseal
+        from ._jobstore import dropped  # lazy: 40.5 ms
+        from ._seal import SealError, unseal  # lazy: 6.7 ms
 
         name = self.name(rank, phase)
         try:
@@ -705,7 +705,7 @@ class _Meeting:
         """Until every key in ``names`` exists, at most ``seconds`` (a wait in
         the store, not a poll; keys holding a forged value exist already: the
         caller reads again a little later)."""
-        import datetime
+        import datetime  # lazy: 2.2 ms
 
         try:
             self.store.wait(names, datetime.timedelta(seconds=max(0.05, seconds)))
@@ -714,7 +714,7 @@ class _Meeting:
 
     def run(self, mine: str, refuse: str, timeout: float) -> dict[int, dict]:
         """Every rank's value for this round (raises ``_NotAgreed``)."""
-        from ._seal import seal
+        from ._seal import seal  # lazy: 6.7 ms
 
         nonce = os.urandom(12).hex()
         own = {"what": mine, "nonce": nonce, "refuse": refuse}
@@ -779,7 +779,7 @@ class _Meeting:
         return values
 
     def _post_seen(self, values: dict[int, dict]) -> dict[str, str]:
-        from ._seal import seal
+        from ._seal import seal  # lazy: 6.7 ms
 
         seen = {str(r): v["nonce"] for r, v in sorted(values.items())}
         self.store.set(self.name(self.rank, "seen"), seal(
@@ -800,7 +800,7 @@ def agree(decision: Decision, crash: Crash) -> None:
     """Wait until every rank of the job takes ``decision`` at the same crash;
     raise ``PatchError`` with the reason when they do not (in time), or when
     one of them cannot take it (``_job_reason``)."""
-    from ._seal import SealError
+    from ._seal import SealError  # lazy: 6.7 ms
 
     group = _group()
     if group is None:
