@@ -79,7 +79,6 @@ def traced_code(code: Any, frame: bool = False) -> Any:
         if original is None and not frame:
             # (a stub's frame is never converted: ``_lazy`` marks it skipped;
             # its locals are not the function's)
-
             pending = pending_of(code)
             original = pending.original if pending is not None else None
         if original is None or original is code or not _same_signature(code, original):

@@ -56,7 +56,6 @@ def _imports() -> None:
         # the bytecode readers the search for a handler uses (and, with
         # them, ``bytecode``): a program whose modules came from the code
         # cache has not imported them (~9 ms at the crash)
-
         load_rewrite()
 
         warm()

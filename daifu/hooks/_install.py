@@ -82,7 +82,6 @@ def install(modules: str | None = None, entry: str | None = None,
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
-
     def loaders() -> None:
         record_sent_indices()
         if ENGINE.checkpoint:

@@ -198,7 +198,6 @@ def main(argv: list[str] | None = None) -> None:
         # in a rank of a distributed job: the launcher ends the peers of a failed
         # rank with SIGTERM while they wait in a collective, where no Python
         # handler can run -- they must die at once, as without daifu
-
         install_preemption(ENGINE, cfg.grace)
     if cfg.explain:
         _explain(script, module, cfg)
@@ -254,7 +253,6 @@ def _configured(ns: Any, script: str | None) -> Config:
                 raise ConfigError(f"fixes file not found: {path}")
         if cfg.dump and cfg.dump not in ("-", "1", "stderr"):
             # (0600, never through a symbolic link: it shows the program's code)
-
             os.close(open_private(cfg.dump, "the dump (--dump)", ConfigError, sink=True))
     except ConfigError as exc:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
