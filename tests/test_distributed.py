@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -77,12 +80,18 @@ def reference(cwd, nproc: int = 2):
     exception", SIGABRT) under load, with or without daifu -- the crash
     benchmark's reference runs do the same.  Runs under daifu are never
     retried."""
-    ref = torchrun(["ref.py", "ref.pt"], cwd, nproc=nproc)
+    return plain_torchrun(["ref.py", "ref.pt"], cwd, nproc=nproc)
+
+
+def plain_torchrun(args, cwd, nproc: int = 2):
+    """A run without daifu in it, run again (twice at most) if gloo aborted
+    a rank (``reference``)."""
+    run = torchrun(args, cwd, nproc=nproc)
     for _ in range(2):
-        if ref.returncode == 0 or "SIGABRT" not in ref.stderr and "exitcode: -6" not in ref.stderr:
+        if run.returncode == 0 or "SIGABRT" not in run.stderr and "exitcode: -6" not in run.stderr:
             break
-        ref = torchrun(["ref.py", "ref.pt"], cwd, nproc=nproc)
-    return ref
+        run = torchrun(args, cwd, nproc=nproc)
+    return run
 
 
 def test_each_rank_fixed_by_a_rule_with_per_rank_logs_carrying_the_rank(tmp_path):
@@ -762,3 +771,110 @@ def test_stacks_of_a_two_node_job_name_the_rank_that_skipped_a_collective(tmp_pa
         assert "hung.py:7 in idle" in got.stdout.split("rank 3 is at ")[1]
     finally:
         nodes.close()
+
+
+# -- a preempted job: SIGTERM to torchrun's agent -----------------------------------------
+
+PREEMPTED_DDP = textwrap.dedent('''
+    import argparse, sys, time
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+    import daifu
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--resume")
+    p.add_argument("--pause", type=float, default=0.0)
+    p.add_argument("--out", default="final.pt")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(256, 8, generator=g), torch.randn(256, 1, generator=g))
+    sampler = DistributedSampler(data, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start_epoch = 0
+    if args.resume:
+        position = daifu.resume(args.resume, model=model, optimizer=opt, loader=loader)
+        start_epoch = position["epoch"]
+        print("resumed", rank, position, flush=True)
+    for epoch in range(start_epoch, 3):
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if rank == 0:
+                print("step", epoch, i, flush=True)
+            time.sleep(args.pause * (1 + rank))  # (rank 1 lags: the ranks learn of it apart)
+    if rank == 0:
+        torch.save(model.module.state_dict(), args.out)
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.parametrize("after", ["step 0 2", "step 0 6"], ids=["mid_epoch", "epoch_end"])
+def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resumes_exactly(
+        tmp_path, after):
+    """Preemption of a DDP job: SIGTERM to torchrun's agent, which passes it
+    on to every rank.  The ranks agree on one step through the job's store,
+    each saves its own file there, rank 0 writes the manifest; the job run
+    again with ``daifu.resume(manifest)`` ends bit-identical to a run never
+    stopped (a shuffled DistributedSampler, dropout, momentum)."""
+    import signal
+    import time
+
+    (tmp_path / "ref.py").write_text(PREEMPTED_DDP)
+    (tmp_path / "train.py").write_text(PREEMPTED_DDP)
+    ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0",
+           "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "daifu", "--log-file", "events-{rank}.jsonl", "train.py", "--pause", "0.05"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=60)
+            if line.startswith(after):
+                break
+        proc.send_signal(signal.SIGTERM)  # (the agent: it passes SIGTERM on to the ranks)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
+                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
+    assert all(len(v) == 1 for v in saved.values()), (saved, err[-3000:])
+    assert {v[0]["position"]["state"] for v in saved.values()} == {"iteration-complete"}
+    manifests = [e for e in read_events(tmp_path / "events-0.jsonl")
+                 if e["event"] == "checkpoint.manifest"]
+    assert len(manifests) == 1 and manifests[0]["consistent"], (manifests, err[-3000:])
+    manifest = json.loads(Path(manifests[0]["path"]).read_text())
+    assert manifest["ranks"] == {str(r): saved[r][0]["path"] for r in (0, 1)}
+    assert manifest["world_size"] == 2 and manifest["steps"] == {"0": manifest["step"],
+                                                                 "1": manifest["step"]}
+    assert stat.S_IMODE(os.stat(manifests[0]["path"]).st_mode) == 0o600
+    resumed = plain_torchrun(["train.py", "--resume", manifests[0]["path"], "--out", "live.pt"],
+                             tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed 0" in resumed.stdout and "resumed 1" in resumed.stdout
+    assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
+    # a job of another size is told so, before anything is changed
+    other = torchrun(["train.py", "--resume", manifests[0]["path"]], tmp_path, nproc=1)
+    assert other.returncode != 0
+    assert "holds a job of 2 ranks; this one has 1" in other.stderr

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .persist._resume import keep_loaders as keep_loaders
     from .persist._resume import keep_steps as keep_steps
     from .persist._resume import resume as resume
+    from .remote._boundary import job_boundary as job_boundary
     from .remote._control import EndpointError as EndpointError
     from .remote._control import Session as Session
     from .remote._control import list_jobs as list_jobs
@@ -95,6 +96,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "load_checkpoint": ("persist._checkpoint", "load_checkpoint"),
     "restore_rng": ("persist._checkpoint", "restore_rng"),
     "install_preemption": ("persist._preempt", "install"),
+    "job_boundary": ("remote._boundary", "job_boundary"),
     "keep_loaders": ("persist._resume", "keep_loaders"),
     "keep_steps": ("persist._resume", "keep_steps"),
     "resume": ("persist._resume", "resume"),
@@ -168,6 +170,7 @@ __all__ = [
     "extend_collective_timeouts",
     "hold_signals",
     "install_preemption",
+    "job_boundary",
     "is_plumbing",
     "job_file_info",
     "journal_directory",

@@ -326,6 +326,23 @@ class RunSummary(Event):
 
 
 @event
+class ManifestSaved(Event):
+    """A preempted distributed job: rank 0 wrote the manifest naming every
+    rank's checkpoint (``persist/_preempt``); ``daifu.resume(path)`` in each
+    rank of a job of the same size takes that rank's.  ``consistent``: every
+    rank saved at the same step, at the loop's header."""
+
+    event: ClassVar[str] = "checkpoint.manifest"
+    level: ClassVar[str] = "warning"
+    path: str
+    world_size: int
+    step: int
+    ranks: dict
+    missing: list
+    consistent: bool = True
+
+
+@event
 class CheckpointSaved(Event):
     """A crash was given up: the training state was saved (``_checkpoint``);
     ``daifu.load_checkpoint(path)`` reads it."""

@@ -193,12 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"python -m daifu: error: {exc}\n")
         raise SystemExit(2) from None
     install(config=cfg)
-    if cfg.checkpoint and "RANK" not in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ:
-        # SIGTERM: save at the loop's next iteration, then end as python does.  Not
-        # in a rank of a distributed job: the launcher ends the peers of a failed
-        # rank with SIGTERM while they wait in a collective, where no Python
-        # handler can run -- they must die at once, as without daifu
-        install_preemption(ENGINE, cfg.grace)
+    if cfg.checkpoint:
+        # SIGTERM: save at the loop's next iteration, then end as python does; in
+        # a distributed job, every rank at the one iteration they agree on
+        install_preemption(ENGINE, cfg.grace, boundary=_job_boundary)
     if cfg.explain:
         _explain(script, module, cfg)
     load_fixes(cfg.fixes, fatal=True)
@@ -213,6 +211,14 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BaseException as exc:  # the program dies of it, as under python
         _died(exc)
+
+
+def _job_boundary():
+    """This rank's part in a preempted job's agreement (None outside a job
+    of several ranks): imported at SIGTERM only."""
+    from ..engine import job_boundary  # lazy: 41.1 ms
+
+    return job_boundary()
 
 
 def _refuse_what_cannot_run(ns: Any, script: str | None, module: str | None) -> None:

@@ -20,6 +20,14 @@ bounded by ``--grace S`` (default 25 s, under Kubernetes' 30): then a thread
 saves where the program is (``"state": "mid-iteration"``) and ends it.  With
 nothing to save (no torch, no module in reach, no loop on the stack) it ends
 at once.
+
+In a rank of a distributed job (an initialized process group of several
+ranks) the ranks first agree, through the job's store, on the one header
+where all of them save (``remote/_boundary``, handed in at ``install``):
+each goes on training until its step count is the agreed one, saves its
+own file, and rank 0 writes the job's manifest naming every rank's file
+(``<rank 0's file>-manifest.json``); ``daifu.resume(manifest)`` takes this
+rank's entry.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 
+from ..._version import __version__
 from ...cells import cells_of, original_code, read_locals
-from .._events import CheckpointFailed, CheckpointSaved, emit
-from ._resume import KEEPER
+from .._events import CheckpointFailed, CheckpointSaved, ManifestSaved, emit
+from ._resume import KEEPER, MANIFEST_FORMAT
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -48,14 +58,19 @@ _done = threading.Lock()
 _pid = -1
 #: the engine (its ``checkpoint_dir`` and ``checkpoints``), given at ``install``
 _engine: Any = None
+#: () -> this rank's ``remote._boundary.Boundary``, or None outside a job of several ranks
+_boundary: Any = None
 _fork_hook = False
+#: what rank 0 leaves for the others to say where they saved, of the grace (s)
+_MANIFEST_MARGIN_S = 3.0
 
 
-def install(engine: Any, grace: float = DEFAULT_GRACE_S) -> bool:
+def install(engine: Any, grace: float = DEFAULT_GRACE_S, boundary: Any = None) -> bool:
     """Handle SIGTERM (main thread only; not over a handler the program set):
-    save into ``engine.checkpoint_dir``, and add the file to ``engine.checkpoints``."""
-    global _grace, _pid, _engine
-    _grace, _pid, _engine = grace, os.getpid(), engine
+    save into ``engine.checkpoint_dir``, and add the file to ``engine.checkpoints``.
+    ``boundary``: () -> the rank's ``Boundary`` in a distributed job, or None."""
+    global _grace, _pid, _engine, _boundary
+    _grace, _pid, _engine, _boundary = grace, os.getpid(), engine, boundary
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
@@ -171,7 +186,8 @@ def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType
     return None
 
 
-def _save(frame: types.FrameType | None, state: str) -> None:
+def _save(frame: types.FrameType | None, state: str) -> str | None:
+    """Save; the file's path, or None (nothing to save, or it failed: said)."""
     from ._checkpoint import CheckpointError, save  # lazy: 9.5 ms
 
     where = (f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?")
@@ -180,16 +196,77 @@ def _save(frame: types.FrameType | None, state: str) -> None:
                     extra={"reason": "SIGTERM", "state": state}, point=KEEPER)
     except CheckpointError as exc:
         emit(CheckpointFailed(where=where, reason=str(exc)))
-        return
+        return None
     except Exception as exc:  # never keep a preempted job alive
         emit(CheckpointFailed(where=where, reason=f"internal error: {type(exc).__name__}: {exc}"))
+        return None
+    if done is None:
+        return None
+    _engine.checkpoints.append(done["path"])
+    emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
+                         seconds=round(done["seconds"], 3), objects=done["objects"],
+                         position={**done["position"], "state": state},
+                         frameworks=done["frameworks"]))
+    return str(done["path"])
+
+
+def _save_in_job(frame: types.FrameType | None, state: str, boundary: Any, step: int,
+                 deadline: float) -> None:
+    """Save this rank's state and say where in the job's store; once the
+    ranks agreed where to save, rank 0 then writes the job's manifest of
+    every rank's file.  Without that agreement (the loop's frame ended
+    first, a peer failed and never posted, the grace ran out) each file
+    stands alone and nobody waits for the others."""
+    path = _save(frame, state)
+    try:
+        boundary.saved(path, step, state)
+        if boundary.rank != 0 or boundary.target is None:
+            return
+        ranks = boundary.saved_by(deadline - time.monotonic() - _MANIFEST_MARGIN_S)
+    except Exception as exc:  # (the store gone: the files stand alone)
+        emit(CheckpointFailed(where="manifest", reason=f"the job's store: {exc}"))
         return
-    if done is not None:
-        _engine.checkpoints.append(done["path"])
-        emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
-                             seconds=round(done["seconds"], 3), objects=done["objects"],
-                             position={**done["position"], "state": state},
-                             frameworks=done["frameworks"]))
+    if path is not None:
+        _write_manifest(path, boundary, step, ranks)
+
+
+def _write_manifest(path0: str, boundary: Any, step: int, ranks: dict[int, dict | None]) -> None:
+    """``<rank 0's file>-manifest.json``: every rank's file, for ``daifu.resume``."""
+    import json  # lazy: 2.5 ms
+
+    manifest = {
+        "daifu": __version__, "format": MANIFEST_FORMAT, "reason": "SIGTERM",
+        "job": boundary.job, "world_size": boundary.world, "step": step,
+        "time": time.time(),
+        "ranks": {str(r): (v or {}).get("path") for r, v in sorted(ranks.items())},
+        "states": {str(r): (v or {}).get("state", "not saved") for r, v in sorted(ranks.items())},
+        "steps": {str(r): (v or {}).get("step") for r, v in sorted(ranks.items())},
+    }
+    #: every rank saved, at the same step, at the loop's header: a resume is exact
+    manifest["consistent"] = all(
+        v and v.get("path") and v.get("step") == step and v.get("state") == "iteration-complete"
+        for v in ranks.values())
+    target = os.path.splitext(path0)[0] + "-manifest.json"
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        emit(CheckpointFailed(where="manifest", reason=f"{target}: {exc}"))
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return
+    missing = sorted(r for r, v in ranks.items() if not v or not v.get("path"))
+    emit(ManifestSaved(path=target, world_size=boundary.world, step=step,
+                       ranks=manifest["ranks"], missing=missing,
+                       consistent=bool(manifest["consistent"])))
 
 
 def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
@@ -205,14 +282,27 @@ def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
         return
     loop, headers = target
     main = threading.get_ident()
+    deadline = time.monotonic() + _grace
+    boundary = None
+    if _boundary is not None:
+        try:
+            boundary = _boundary()
+        except Exception:
+            boundary = None
 
     def finish(at: types.FrameType | None, state: str) -> None:
         if not _done.acquire(blocking=False):
             return  # (the other path is saving)
-        _save(at, state)
+        if boundary is None:
+            _save(at, state)
+        else:
+            _save_in_job(at, state, boundary, KEEPER.steps, deadline)
         _die()
 
     def on_line(f: types.FrameType, event: str, arg: Any):
+        if event == "line" and f.f_lineno in headers and boundary is not None \
+                and not _at_target(boundary):
+            return on_line  # (not yet the header every rank saves at)
         if event == "return" or (event == "line" and f.f_lineno in headers):
             sys.settrace(None)
             f.f_trace = None
@@ -230,3 +320,19 @@ def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
     loop.f_trace_lines = True
     loop.f_trace = on_line
     sys.settrace(lambda f, e, a: None)  # (line events for ``loop`` only)
+
+
+def _at_target(boundary: Any) -> bool:
+    """At a header of the training-step loop in a distributed job: is this
+    the header every rank saves at?  Posts this rank's step count first.  A
+    store that fails says yes: each rank then saves where it is, alone."""
+    step = KEEPER.steps
+    try:
+        boundary.post(step)
+        target = boundary.decide(step)
+    except Exception as exc:
+        emit(CheckpointFailed(where="agreement", reason=f"the job's store: {exc}; saving "
+                              "this rank where it is"))
+        boundary.target = None
+        return True
+    return target is not None and step >= target

@@ -40,6 +40,7 @@ without torch, with ``--no-checkpoint``, or before the program imports
 from __future__ import annotations
 
 import array
+import os
 import random
 import sys
 import types
@@ -47,6 +48,7 @@ import weakref
 
 from ..._version import __version__
 from ...cells import original_code, read_locals
+from .._job import placeholders
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -54,6 +56,10 @@ if TYPE_CHECKING:
 
 
 _N = 624  # Mersenne Twister words
+
+
+#: the format of a preempted job's manifest (``persist/_preempt`` writes it)
+MANIFEST_FORMAT = 1
 
 
 class ResumeError(Exception):
@@ -658,6 +664,8 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     the position to go on from (see ``daifu.resume``)."""
     from ._checkpoint import FORMAT, load_checkpoint, restore_rng  # lazy: 9.5 ms
 
+    if path.endswith("-manifest.json"):  # a preempted job's: this rank's file
+        path = _rank_file(path)
     try:
         ck = load_checkpoint(path, map_location=map_location)
     except FileNotFoundError:
@@ -726,6 +734,40 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     KEEPER._stepped = True  # (the first header from here is a resume point)
     position = dict(ck.get("position") or {})
     return position
+
+
+def _rank_file(manifest_path: str) -> str:
+    """This rank's checkpoint in a preempted job's manifest
+    (``persist/_preempt``): the job must have as many ranks as the one
+    that saved it."""
+    import json  # lazy: 2.5 ms
+
+    try:
+        with open(manifest_path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except FileNotFoundError:
+        raise ResumeError(f"no manifest at {manifest_path}") from None
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"{manifest_path} is not a manifest daifu wrote: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("ranks"), dict):
+        raise ResumeError(f"{manifest_path} is not a manifest daifu wrote")
+    fmt = manifest.get("format", 0)
+    if not isinstance(fmt, int) or fmt > MANIFEST_FORMAT:
+        raise ResumeError(f"{manifest_path} was written by daifu {manifest.get('daifu', '?')} "
+                          f"(manifest format {fmt}); this daifu ({__version__}) reads formats "
+                          f"up to {MANIFEST_FORMAT}")
+    where = placeholders()
+    rank, world = where["rank"], where["world_size"]
+    if manifest.get("world_size") != world:
+        raise ResumeError(f"{manifest_path} holds a job of {manifest.get('world_size')} ranks; "
+                          f"this one has {world}: resume with as many ranks")
+    path = manifest["ranks"].get(str(rank))
+    if not path:
+        raise ResumeError(f"{manifest_path}: rank {rank} saved no checkpoint "
+                          f"({manifest.get('states', {}).get(str(rank), 'not saved')})")
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(manifest_path)), path)
+    return str(path)
 
 
 def _kind(obj: Any, torch: Any) -> str | None:
