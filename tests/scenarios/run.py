@@ -379,7 +379,7 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
         return res
     ref_iters = [(tag, t - started) for tag, t in _iterations(ref_log)]
     if meta.get("mode") == "resume":
-        return _resume_case(res, meta, work, rdir, cdir, args, ref_iters, timeout)
+        return _resume_case(res, meta, work, rdir, cdir, args, ref_iters, timeout, launch, ranks)
 
     # 2. the buggy program under daifu, with its fix
     live_log, events_path = work / "live.iter", work / "events.jsonl"
@@ -520,18 +520,21 @@ def _buggy(meta: dict) -> str:
 
 
 def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, args: list,
-                 ref_iters: list, timeout: float) -> Result:
+                 ref_iters: list, timeout: float, launch: list, ranks: int) -> Result:
     """A case that is not fixed in situ: nobody fixes the crash (or SIGTERM
     preempts the job), daifu saves the emergency checkpoint, and the
     corrected program, started again with ``--resume PATH``, goes on from it
     with ``daifu.resume`` -- bit-identical to the reference.  Restore time:
     from the resumed process's launch to the end of the crashed iteration,
-    against the reference's from its launch (a restart from scratch)."""
-    events_path = work / "events.jsonl"
+    against the reference's from its launch (a restart from scratch).  A
+    distributed case (``ranks``) is preempted through torchrun's agent, and
+    resumed from the manifest rank 0 wrote."""
     env = {**_env(work / "live.iter"), "DAIFU_CONSOLE": "0", "DAIFU_WAIT": "0",
            "DAIFU_CHECKPOINT_DIR": str(work / "ck")}
-    cmd = [sys.executable, "-m", "daifu", "--log", str(events_path), _buggy(meta), "--out",
-           "crashed.pt", *args, *meta.get("buggy_args", [])]
+    logs = ["--log-file", str(work / "events-{rank}.jsonl")] if ranks else \
+        ["--log", str(work / "events.jsonl")]
+    cmd = [*launch, "-m", "daifu", *logs, _buggy(meta), "--out", "crashed.pt", *args,
+           *meta.get("buggy_args", [])]
     proc = subprocess.Popen(cmd, cwd=cdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, env=env)
     try:
@@ -544,40 +547,40 @@ def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, ar
                 if proc.poll() is not None or time.monotonic() > deadline:
                     break
                 time.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # (torchrun's agent passes it on to the ranks)
         _, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
-    events = read_events(events_path)
-    crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    events = sorted((e for r in range(ranks) for e in read_events(work / f"events-{r}.jsonl")),
+                    key=_stamp) if ranks else read_events(work / "events.jsonl")
+    _check_ended(res, meta, proc.returncode, err, events, ranks)
     saved = [e for e in events if e["event"] == "checkpoint.saved"]
-    if meta.get("sigterm_after"):
-        if proc.returncode != -15:
-            res.problems.append(f"SIGTERM did not end the job as python's (exit {proc.returncode})"
-                                f": {err[-3000:]}")
-    else:
-        if proc.returncode != 1 or f"{meta['exception']}:" not in err:
-            res.problems.append(f"the crash did not end the job as without daifu (exit "
-                                f"{proc.returncode}): {err[-3000:]}")
-        if not crashes:
-            res.problems.append("no crash was intercepted")
-        elif crashes[0]["exc_type"] != meta["exception"] or \
-                meta["statement"] not in crashes[0].get("statement", ""):
-            res.problems.append(f"intercepted {crashes[0]['exc_type']} at "
-                                f"{crashes[0].get('statement')!r}, expected {meta['exception']} "
-                                f"at {meta['statement']!r}")
-        res.statement = crashes[0].get("statement", "") if crashes else ""
-    if len(saved) != 1:
-        res.problems.append(f"{len(saved)} checkpoints saved, expected 1: {err[-3000:]}")
+    if len(saved) != max(ranks, 1):
+        res.problems.append(f"{len(saved)} checkpoints saved, expected {max(ranks, 1)}: "
+                            f"{err[-3000:]}")
         return res
+    path = saved[0]["path"]
+    if ranks:
+        manifests = [e for e in events if e["event"] == "checkpoint.manifest"]
+        if len(manifests) != 1 or not manifests[0]["consistent"]:
+            res.problems.append(f"no consistent manifest of the ranks' files: {manifests}")
+            return res
+        path = manifests[0]["path"]
     # the corrected program, started again from the checkpoint
     resumed_log = work / "resumed.iter"
     launched = time.time()
-    resumed = subprocess.run([sys.executable, meta.get("reference", "corrected.py"), "--resume",
-                              saved[0]["path"], "--out", "live.pt", *args], cwd=cdir,
-                             capture_output=True, text=True, timeout=timeout,
+    again = [*launch, meta.get("reference", "corrected.py"), "--resume", path, "--out",
+             "live.pt", *args]
+    resumed = subprocess.run(again, cwd=cdir, capture_output=True, text=True, timeout=timeout,
                              env=_env(resumed_log))
+    for _ in range(2):  # (gloo aborting a rank of a run without daifu: as for the reference)
+        if not (ranks and resumed.returncode != 0 and "(SIGABRT)" in resumed.stderr):
+            break
+        resumed_log.unlink(missing_ok=True)
+        launched = time.time()
+        resumed = subprocess.run(again, cwd=cdir, capture_output=True, text=True,
+                                 timeout=timeout, env=_env(resumed_log))
     if resumed.returncode != 0:
         res.problems.append(f"the resumed run failed: {resumed.stderr[-3000:]}")
         return res
@@ -597,6 +600,30 @@ def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, ar
     else:
         res.problems.append(f"the resumed run's first iteration {first} is not the reference's")
     return res
+
+
+def _check_ended(res: Result, meta: dict, returncode: int, err: str, events: list,
+                 ranks: int) -> None:
+    """The preempted or crashed job ended as it would without daifu: killed
+    by SIGTERM (a distributed job: torchrun's agent ends with an error), or
+    the exception's traceback and status 1."""
+    crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    if meta.get("sigterm_after"):
+        if (returncode == 0) if ranks else (returncode != -15):
+            res.problems.append(f"SIGTERM did not end the job as python's (exit {returncode})"
+                                f": {err[-3000:]}")
+        return
+    if returncode != 1 or f"{meta['exception']}:" not in err:
+        res.problems.append(f"the crash did not end the job as without daifu (exit "
+                            f"{returncode}): {err[-3000:]}")
+    if not crashes:
+        res.problems.append("no crash was intercepted")
+    elif crashes[0]["exc_type"] != meta["exception"] or \
+            meta["statement"] not in crashes[0].get("statement", ""):
+        res.problems.append(f"intercepted {crashes[0]['exc_type']} at "
+                            f"{crashes[0].get('statement')!r}, expected {meta['exception']} "
+                            f"at {meta['statement']!r}")
+    res.statement = crashes[0].get("statement", "") if crashes else ""
 
 
 _VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
