@@ -108,10 +108,28 @@ def _trainer_state(framework: str, trainer: Any) -> list[tuple[str, Any]]:
     return [(attr, value) for attr, value in out if value is not None]
 
 
-def _framework_checkpoints(trainers: dict[str, Any], path: str, say=None) -> dict[str, str]:
+def _framework_checkpoints(trainers: dict[str, Any], path: str, say=None,
+                           rng: dict[str, Any] | None = None) -> dict[str, str]:
     """Ask a Lightning or HF ``Trainer`` found on the stack to save its own
     checkpoint too, so that ``fit(ckpt_path=...)`` / ``train(resume_from_checkpoint=
-    ...)`` resume from the crash point; their paths, by framework."""
+    ...)`` resume from the crash point; their paths, by framework.  ``rng``:
+    the RNG states at the start of the iteration to resume (the resume
+    point's), in force while they save -- the HF Trainer saves the RNG it
+    finds, and the failed step's forward has drawn from it already."""
+    if not trainers:
+        return {}
+    torch = sys.modules["torch"]
+    now = _rng(torch) if rng else None
+    try:
+        if rng:
+            restore_rng({"rng": rng})
+        return _ask_trainers(trainers, path, say)
+    finally:
+        if now is not None:
+            restore_rng({"rng": now})
+
+
+def _ask_trainers(trainers: dict[str, Any], path: str, say=None) -> dict[str, str]:
     out: dict[str, str] = {}
     for framework, trainer in trainers.items():
         try:
@@ -329,7 +347,8 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     _remove_dead_temporaries(os.path.dirname(path))
     # a Lightning or HF Trainer's own checkpoint first: the file names it
     # (``trainer.fit(ckpt_path=ck["frameworks"]["lightning"])``)
-    frameworks = _framework_checkpoints(found["trainers"], path, say)
+    frameworks = _framework_checkpoints(found["trainers"], path, say,
+                                        state["rng"] if state["rng_at"] != "save" else None)
     state["frameworks"] = frameworks
     started = time.perf_counter()
     _write(state, path, size)
