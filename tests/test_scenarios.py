@@ -16,14 +16,30 @@ pytestmark = pytest.mark.slow
 CASES = load_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case_recovered_in_situ_and_exact(case, tmp_path):
+#: the cases fixed in situ, and those resumed from a checkpoint in a new
+#: process (``"mode": "resume"``: ``make test`` runs them in its other lane,
+#: with tests/test_resume.py)
+IN_SITU = [c for c in CASES if c.meta.get("mode") != "resume"]
+RESUMED = [c for c in CASES if c.meta.get("mode") == "resume"]
+
+
+def _proved(case, tmp_path) -> None:
     result = run_case(case, tmp_path)
     assert result.ok, "\n".join(result.problems)
     assert result.recovered
     if case.meta.get("exact", True):
         assert result.exact
     assert result.restore_ms is not None and result.restart_s is not None
+
+
+@pytest.mark.parametrize("case", IN_SITU, ids=[c.name for c in IN_SITU])
+def test_case_recovered_in_situ_and_exact(case, tmp_path):
+    _proved(case, tmp_path)
+
+
+@pytest.mark.parametrize("case", RESUMED, ids=[c.name for c in RESUMED])
+def test_case_resumed_from_its_checkpoint_and_exact(case, tmp_path):
+    _proved(case, tmp_path)
 
 
 def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
