@@ -149,7 +149,9 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     The RNG (python, numpy, torch, CUDA) is set as it was at the start of the
     iteration to resume, and a ``DataLoader`` passed goes on, at its next
     ``iter()``, with the next batch of the same shuffled order.  Returns the
-    loop position saved (``{"epoch": 1, "step": 3}``).  Raises
+    loop position saved (``{"epoch": 1, "step": 3}``).  ``path`` may be
+    the manifest a preempted distributed job wrote (``...-manifest.json``):
+    each rank takes its own file from it, in a job of as many ranks.  Raises
     ``daifu.ResumeError`` (nothing changed) when the file is not daifu's, was
     written by a newer daifu, or does not hold what was passed; and when an
     object's ``load_state_dict`` refuses its state (the objects before it

@@ -542,3 +542,35 @@ def test_large_state_is_announced_with_an_estimate(tmp_path, monkeypatch):
                             say=said.append)
     assert done is not None and done["objects"] == {"modules": ["model"]}
     assert len(said) == 1 and said[0].startswith("saving 0.0 GiB of state: about")
+
+
+def test_a_manifest_is_read_for_this_rank_and_a_wrong_one_is_refused_naming_why(
+        tmp_path, monkeypatch):
+    """``daifu.resume(manifest)``: each rank takes its own file; a job of
+    another size, a newer format, a rank with no file are refused before
+    anything changes; a relative path is read beside the manifest."""
+    pytest.importorskip("torch", reason="PyTorch not available")
+    import json
+
+    import daifu
+
+    def manifest(**fields):
+        body = {"daifu": "0.1.0", "format": 1, "world_size": 2,
+                "ranks": {"0": "rank0.pt", "1": "rank1.pt"}, **fields}
+        path = tmp_path / "job-manifest.json"
+        path.write_text(json.dumps(body))
+        return path
+
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(daifu.ResumeError, match="no checkpoint at .*rank1.pt"):
+        daifu.resume(manifest())  # (this rank's file, found beside the manifest)
+    with pytest.raises(daifu.ResumeError, match="holds a job of 3 ranks; this one has 2"):
+        daifu.resume(str(manifest(world_size=3)))
+    with pytest.raises(daifu.ResumeError, match="manifest format 9"):
+        daifu.resume(manifest(format=9))
+    with pytest.raises(daifu.ResumeError, match="rank 1 saved no checkpoint"):
+        daifu.resume(manifest(ranks={"0": "rank0.pt", "1": None}))
+    (tmp_path / "job-manifest.json").write_text("not json")
+    with pytest.raises(daifu.ResumeError, match="is not a manifest daifu wrote"):
+        daifu.resume(tmp_path / "job-manifest.json")

@@ -664,8 +664,8 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     the position to go on from (see ``daifu.resume``)."""
     from ._checkpoint import FORMAT, load_checkpoint, restore_rng  # lazy: 9.5 ms
 
-    if path.endswith("-manifest.json"):  # a preempted job's: this rank's file
-        path = _rank_file(path)
+    if os.fspath(path).endswith("-manifest.json"):  # a preempted job's: this rank's file
+        path = _rank_file(os.fspath(path))
     try:
         ck = load_checkpoint(path, map_location=map_location)
     except FileNotFoundError:
