@@ -878,3 +878,54 @@ def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resum
     other = torchrun(["train.py", "--resume", manifests[0]["path"]], tmp_path, nproc=1)
     assert other.returncode != 0
     assert "holds a job of 2 ranks; this one has 1" in other.stderr
+
+
+HANGS_AT_3 = PREEMPTED_DDP.replace(
+    "        time.sleep(args.pause * (1 + rank))  # (rank 1 lags: the ranks learn of it apart)",
+    "        time.sleep(args.pause * (1 + rank))\n"
+    "        if rank == 1 and epoch == 0 and i == 3:\n"
+    "            print('hung', flush=True)\n"
+    "            time.sleep(600)  # (rank 0 waits in the next all-reduce, in C)")
+
+
+def test_sigterm_while_a_rank_is_stuck_in_a_collective_saves_it_from_a_thread_in_time(tmp_path):
+    """Rank 1 hangs; rank 0 waits in DDP's all-reduce, in C, where no Python
+    signal handler runs.  SIGTERM to torchrun: rank 0 is saved
+    "mid-iteration" from daifu's watcher thread a few seconds later and
+    dies of SIGTERM, rank 1 at its --grace -- both well before torchrun's
+    agent would kill them (30 s), and each with its file."""
+    import signal
+    import time
+
+    assert "print('hung'" in HANGS_AT_3
+    (tmp_path / "train.py").write_text(HANGS_AT_3)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0",
+           "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "daifu", "--grace", "8", "--log-file", "events-{rank}.jsonl", "train.py",
+         "--pause", "0.01"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=60)
+            if line.startswith("hung"):
+                break
+        time.sleep(1.0)  # (rank 0 is in the all-reduce by now)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
+                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
+    assert [len(saved[0]), len(saved[1])] == [1, 1], (saved, err[-3000:])
+    assert saved[0][0]["position"]["state"] == "mid-iteration"
+    assert saved[1][0]["position"]["state"] == "mid-iteration"
+    assert took < 25, took  # (torchrun's agent kills at 30 s)
+    assert all(os.path.exists(saved[r][0]["path"]) for r in (0, 1))

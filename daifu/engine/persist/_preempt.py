@@ -79,12 +79,79 @@ def install(engine: Any, grace: float = DEFAULT_GRACE_S, boundary: Any = None) -
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError):
         return False
+    if "RANK" in os.environ:  # (a rank of a launcher's job: torchrun's)
+        _watch_for_a_stuck_main_thread()
     global _fork_hook
     if not _fork_hook and hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_block_for_fork, after_in_parent=_unblock_after_fork,
                             after_in_child=_default_in_child)
         _fork_hook = True
     return True
+
+
+#: how long the watcher gives the main thread to run the SIGTERM handler
+#: before it takes the main thread for stuck in C (s; at most the grace)
+STUCK_S = 5.0
+#: the watcher's end of the signal wakeup pipe (-1: none)
+_wakeup_read = -1
+
+
+def _watch_for_a_stuck_main_thread() -> None:
+    """A rank's main thread may be in C when SIGTERM comes -- in a collective
+    whose peer is gone or hung -- where the Python handler cannot run until
+    the call returns, and torchrun's agent kills it 30 s later with nothing
+    saved.  So Python's own C signal handler is asked to write each signal's
+    number to a pipe (``signal.set_wakeup_fd``), which a daemon thread reads:
+    a SIGTERM that the main thread has not begun to handle ``STUCK_S`` later
+    is saved from that thread (``"mid-iteration"``), and the rank dies of
+    SIGTERM.  Not over a wakeup fd the program set (asyncio's)."""
+    global _wakeup_read
+    if _wakeup_read != -1:
+        return
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        return
+    if previous != -1:  # (the program's: keep it, and do without)
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return
+    _wakeup_read = r
+    threading.Thread(target=_watch, args=(r,), name="daifu-sigterm", daemon=True).start()
+
+
+def _watch(r: int) -> None:
+    while True:
+        try:
+            data = os.read(r, 256)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM not in data or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+            continue
+        until = time.monotonic() + min(STUCK_S, _grace)
+        while not _handling and time.monotonic() < until:
+            time.sleep(0.05)
+        if not _handling:
+            _stuck()
+            return
+
+
+def _stuck() -> None:
+    """SIGTERM came and the main thread never got back to Python to handle
+    it: save what it holds as it is, from this thread, and end."""
+    global _handling
+    _handling = True  # (the handler, should the main thread get back: nothing more)
+    if not _done.acquire(blocking=False):
+        return
+    main = sys._current_frames().get(threading.main_thread().ident or 0)
+    if "torch" in sys.modules and os.getpid() == _pid and main is not None:
+        _save(main, "mid-iteration")
+    _die()
 
 
 #: thread id -> was SIGTERM blocked in that thread before its fork?
@@ -127,6 +194,8 @@ def _default_in_child() -> None:
     try:
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _wakeup_read != -1:  # (the parent's pipe, read by the parent's watcher)
+            signal.set_wakeup_fd(-1)
     except (ValueError, OSError):  # (not the main thread: cannot happen after fork)
         pass
     _unblock_after_fork()
