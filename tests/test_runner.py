@@ -624,7 +624,8 @@ TOOL_PROGRAM = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("tool", [["cProfile", "-s", "tottime"], ["profile"],
-                                  ["trace", "--count", "--summary", "--missing", "--coverdir", "cover"], ["pdb"]],
+                                  ["trace", "--count", "--summary", "--missing", "--coverdir",
+                                   "cover"], ["pdb"]],
                          ids=lambda t: t[0])
 def test_a_program_run_by_a_profiler_or_debugger_is_the_one_vaccinated(tmp_path, tool):
     """``python -m daifu -m cProfile train.py``: the tool runs as it does

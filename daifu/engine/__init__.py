@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._preload import settle as settle_preload
     from ._preload import start as start_preload
     from ._signals import install as hold_signals
+    from ._watchdog import start as start_watchdog
     from .human._break import ARMED_S as ARMED_S
     from .human._break import serve_break as serve_break
     from .human._waiter import Waiter as Waiter
@@ -81,6 +82,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "record_sent_indices": ("_loaders", "record_sent_indices"),
     "hold_signals": ("_signals", "install"),
     "start_preload": ("_preload", "start"),
+    "start_watchdog": ("_watchdog", "start"),
     "settle_preload": ("_preload", "settle"),
     # human
     "ARMED_S": ("human._break", "ARMED_S"),
@@ -197,5 +199,6 @@ __all__ = [
     "speedups",
     "stacks_path",
     "start_preload",
+    "start_watchdog",
     "unregister_job",
 ]

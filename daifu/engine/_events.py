@@ -343,6 +343,44 @@ class ManifestSaved(Event):
 
 
 @event
+class HangDetected(Event):
+    """A distributed job stopped moving (``engine/_watchdog``): no rank took
+    an optimizer step, and none used its CPU or did I/O, for
+    ``threshold_s``.  ``behind`` is the rank that is behind (the others wait
+    in ``waiting``), ``at`` its line; ``diagnosis`` is the doctor's
+    (``stacks --job``); ``action``: "save" (every rank saves, then the job
+    ends), "wait" (for a person, ``--wait``) or "report"."""
+
+    event: ClassVar[str] = "hang.detected"
+    level: ClassVar[str] = "error"
+    behind: int | None
+    at: str
+    waiting: str
+    idle_s: float
+    threshold_s: float
+    why: str
+    diagnosis: list
+    action: str
+
+
+@event
+class StragglerSeen(Event):
+    """A rank that keeps its peers waiting at every collective, while the
+    job still moves (``engine/_watchdog``): ``late_s`` is how long after
+    the others it issues them (median), ``own_s`` its time per step and
+    ``others_s`` the median of the others'.  Nothing is stopped for it."""
+
+    event: ClassVar[str] = "straggler"
+    level: ClassVar[str] = "warning"
+    straggler: int
+    at: str
+    late_s: float
+    own_s: float
+    others_s: float
+    collectives: int
+
+
+@event
 class CheckpointSaved(Event):
     """A crash was given up: the training state was saved (``_checkpoint``);
     ``daifu.load_checkpoint(path)`` reads it."""
@@ -516,15 +554,15 @@ def _is_tty(stream: Any) -> bool:
 
 def warm() -> None:
     """Import what building the logger imports (``_preload``)."""
-    # lazy: 1.1 ms
+    # lazy: 1.2 ms
     from ._quietrandom import program_random_untouched  # (only where a logger is built)
 
     _building.on = True
     try:
         with program_random_untouched():
-            import importlib.metadata  # noqa: F401 - see the module docstring  # lazy: 27.3 ms
+            import importlib.metadata  # noqa: F401 - see the module docstring  # lazy: 39.5 ms
 
-            import structlog  # lazy: 141.9 ms
+            import structlog  # lazy: 129.1 ms
 
             structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
     finally:
@@ -539,13 +577,13 @@ def _write_deferred() -> None:
 
 
 def _build(sink: _Sink) -> Any:
-    # lazy: 1.1 ms
+    # lazy: 1.2 ms
     from ._quietrandom import program_random_untouched  # (only where a logger is built)
 
     with program_random_untouched():
-        import importlib.metadata  # noqa: F401 - see the module docstring  # lazy: 27.3 ms
+        import importlib.metadata  # noqa: F401 - see the module docstring  # lazy: 39.5 ms
 
-        import structlog  # lazy: 141.9 ms
+        import structlog  # lazy: 129.1 ms
 
     as_json = sink.json if sink.json is not None else not _is_tty(sink.stream)
     if as_json:

@@ -87,6 +87,21 @@ def _text(text: str) -> str:
     return text
 
 
+def parse_hang_after(text: str) -> str:
+    """``--hang-after``: ``auto`` (3 x the slowest step), ``off`` (or 0), or
+    seconds > 0; kept as text (the watchdog reads ``DAIFU_HANG_AFTER``)."""
+    value = text.strip().lower()
+    if value in ("auto", "off") or value in _FALSE:
+        return "off" if value != "auto" else "auto"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):  # (NaN too)
+        raise ValueError(text)
+    return f"{seconds:g}"
+
+
 def _text_or_none(text: str) -> str | None:
     return text or None
 
@@ -313,6 +328,15 @@ OPTIONS: tuple[Option, ...] = (
            "to finish its iteration, save the state, then end",
            metavar="S", env="DAIFU_GRACE", field="grace", parse=float,
            expects="a number of seconds", export=lambda cfg: f"{cfg.grace:g}"),
+    Option(("--hang-after",), "a distributed job hangs when no rank moved for S seconds "
+           "(default auto: 3 x the slowest step, at least 5 s; off: no watchdog); then the "
+           "rank that is behind is named, and every rank saves its state and ends (status 124)",
+           metavar="S", env="DAIFU_HANG_AFTER", field="hang_after", parse=parse_hang_after,
+           expects="seconds > 0, auto or off", export=lambda cfg: cfg.hang_after),
+    Option(("--on-hang",), "what a hang does: save (every rank saves, then the job ends; "
+           "with --wait, after the wait) or report (name it only)",
+           metavar="WHAT", choices=("save", "report"), env="DAIFU_ON_HANG", field="on_hang",
+           expects="save or report", export=lambda cfg: cfg.on_hang),
     Option(("-V", "--version"), "show daifu's version, the Python it runs on and whether the "
            "barrier's C check is in use, and exit", version=True),
     # variables without an option
@@ -377,6 +401,10 @@ class Config:
     checkpoint_dir: str = ""
     #: seconds SIGTERM waits for the training loop's iteration to finish
     grace: float = 25.0
+    #: a distributed job hangs after this (engine/_watchdog.py): auto, off or seconds
+    hang_after: str = "auto"
+    #: and then: save or report
+    on_hang: str = "save"
     #: say what is vaccinated and why
     explain: bool = False
     #: the program's project (``_project.Project.to_env``: ``root:names``), "" for none
@@ -420,6 +448,9 @@ class Config:
         if not self.grace >= 0:  # (NaN too)
             raise ConfigError(f"the grace (--grace, DAIFU_GRACE) must be seconds >= 0, "
                               f"not {self.grace!r}")
+        if self.on_hang not in ("save", "report"):
+            raise ConfigError(f"--on-hang/DAIFU_ON_HANG must be save or report, "
+                              f"not {self.on_hang!r}")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"log format must be auto, json or console, not {self.log_format!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -433,7 +464,7 @@ class Config:
         """The project whose modules are vaccinated (``_project.Project``), or None."""
         if not (self.use_project and self.project):
             return None
-        from ._project import Project  # lazy: 24.4 ms
+        from ._project import Project  # lazy: 16.4 ms
 
         return Project.from_env(self.project)
 

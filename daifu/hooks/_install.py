@@ -45,7 +45,7 @@ _PREFIX = "import daifu.hooks._child as _daifu_child; _daifu_child.activate(); "
 
 def patch_spawn() -> None:
     """Make multiprocessing's spawn command line activate daifu first."""
-    import multiprocessing.spawn as spawn  # lazy: 8.2 ms
+    import multiprocessing.spawn as spawn  # lazy: 14.4 ms
 
     if getattr(spawn.get_command_line, "_daifu", False):
         return
@@ -100,7 +100,8 @@ def install(modules: str | None = None, entry: str | None = None,
                "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out
                "torch.distributed.distributed_c10d":
-                   lambda: extend_collective_timeouts(lambda: ENGINE.waiters)}
+                   lambda: extend_collective_timeouts(lambda: ENGINE.waiters,
+                                                      on_group=_start_watchdog)}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
                           project=cfg.the_project(), explain=cfg.explain)
@@ -113,6 +114,13 @@ def install(modules: str | None = None, entry: str | None = None,
     hold_signals()  # the program's signal handlers never run in daifu's code
     start_preload()  # what the first crash imports, a few seconds from now
     return Installation(_finder)
+
+
+def _start_watchdog() -> None:
+    """A process group was made: this rank's hang watchdog (engine/_watchdog.py)."""
+    from ..engine import start_watchdog  # lazy: 11.1 ms
+
+    start_watchdog(ENGINE)
 
 
 def _compile_original() -> None:

@@ -37,14 +37,14 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-_PREFIX = "daifu/preempt/"
-
-
 class Boundary:
     """One rank's part in agreeing where a preempted job saves."""
 
-    def __init__(self, store: Any, key: bytes, job: str, world: int, rank: int) -> None:
+    def __init__(self, store: Any, key: bytes, job: str, world: int, rank: int,
+                 kind: str = "preempt") -> None:
         self.store, self.key, self.job = store, key, job
+        #: what the ranks save for: "preempt" (SIGTERM) or "hang" (``_watchdog``)
+        self.kind = kind
         self.world, self.rank = world, rank
         #: torchrun's restart count: each attempt of the job agrees afresh
         self.attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -54,10 +54,10 @@ class Boundary:
 
     def _name(self, phase: str, rank: int | None = None) -> str:
         tail = f"/{rank}" if rank is not None else ""
-        return f"{_PREFIX}{self.job}/{self.attempt}/{phase}{tail}"
+        return f"daifu/{self.kind}/{self.job}/{self.attempt}/{phase}{tail}"
 
     def _place(self, phase: str, rank: int | None) -> str:
-        return f"preempt|{self.job}|{self.attempt}|{phase}|{rank}"
+        return f"{self.kind}|{self.job}|{self.attempt}|{phase}|{rank}"
 
     def _set(self, phase: str, rank: int | None, payload: dict) -> None:
         self.store.set(self._name(phase, rank), seal(self.key, self._place(phase, rank), payload))
@@ -103,6 +103,19 @@ class Boundary:
         """Where this rank saved (None: it could not)."""
         self._set("saved", self.rank, {"path": path, "step": step, "state": state,
                                        "pid": os.getpid()})
+
+    def finished(self) -> None:
+        """Rank 0: the job's manifest is written (or will not be)."""
+        self._set("finished", None, {"pid": os.getpid()})
+
+    def wait_finished(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for rank 0's ``finished``."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while self._get("finished", None) is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def saved_by(self, timeout_s: float) -> dict[int, dict | None]:
         """Rank 0: what every rank saved, waiting up to ``timeout_s`` for

@@ -94,10 +94,11 @@ def peer_timeout_s(waiters: Any = ()) -> float:
     return longest + 60.0 if longest else 0.0
 
 
-def extend_collective_timeouts(waiters: Any) -> None:
+def extend_collective_timeouts(waiters: Any, on_group: Any = None) -> None:
     """Patch ``torch.distributed.distributed_c10d`` (once it is imported): every
     process group is created with its timeout plus ``peer_timeout_s()`` for
-    the engine's waiters then (``waiters()``)."""
+    the engine's waiters then (``waiters()``); then the rank's relay starts,
+    and ``on_group()`` is called (the watchdog starts)."""
     c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
     helper = getattr(c10d, "_new_process_group_helper", None)
     if helper is None or getattr(helper, "_daifu_extended", False):
@@ -108,7 +109,7 @@ def extend_collective_timeouts(waiters: Any) -> None:
         return
 
     def _new_process_group_helper(*args, **kwargs):
-        import datetime  # lazy: 2.2 ms
+        import datetime  # lazy: 2.8 ms
 
         timeout = kwargs.get("timeout")
         extra = peer_timeout_s(waiters())
@@ -119,9 +120,11 @@ def extend_collective_timeouts(waiters: Any) -> None:
                                  timeout_s=timeout.total_seconds(),
                                  extended_s=kwargs["timeout"].total_seconds()))
         made = helper(*args, **kwargs)
-        from ._jobstore import start_relay  # lazy: 40.5 ms
+        from ._jobstore import start_relay  # lazy: 41.3 ms
 
         start_relay()  # (once: the ranks on other nodes are reached through the store)
+        if on_group is not None:
+            on_group()
         return made
 
     _new_process_group_helper._daifu_extended = True  # type: ignore[attr-defined]
@@ -147,13 +150,13 @@ def _collectives() -> list[dict[str, Any]] | None:
     """This rank's recent collectives issued by this thread, oldest first;
     None when the flight recorder is off."""
     try:
-        from ._jobstore import flight_recorder_off  # lazy: 40.5 ms
+        from ._jobstore import flight_recorder_off  # lazy: 41.3 ms
 
         if flight_recorder_off():
             return None
         import pickle  # lazy: 2.1 ms
 
-        import torch  # lazy: 1.4 s
+        import torch  # lazy: 1.7 s
 
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore
     except Exception:
@@ -366,8 +369,8 @@ def _resolve(node: ast.expr, frame, rebound: set[str]) -> Any:
     """What a call's callee names in ``frame``, looked up without running
     anything (``inspect.getattr_static``); ``_UNKNOWN`` where that cannot be
     told (a name the left-out code binds again, a property, ``__getattr__``)."""
-    import ast  # lazy: 1.3 ms
-    import inspect  # lazy: 7.3 ms
+    import ast  # lazy: 2.9 ms
+    import inspect  # lazy: 7.2 ms
 
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
@@ -399,7 +402,7 @@ def _calls(nodes: list[ast.AST], frame, rebound: set[str]) -> list[tuple[int, st
     over something other than ``range``, a ``with``, an ``await``) in
     ``nodes`` that is not "safe" -- nested functions and classes left out
     (defining one runs nothing of it)."""
-    import ast  # lazy: 1.3 ms
+    import ast  # lazy: 2.9 ms
 
     out: list[tuple[int, str, str]] = []
     stack = list(nodes)
@@ -443,9 +446,9 @@ def _source_of(crash: Crash) -> tuple[Any, ast.stmt, list[ast.AST]] | None:
     """(the crashed function's AST, the failing statement, the path of nodes
     from the function down to it), from the source the frame runs; None where
     it cannot be read."""
-    import ast  # lazy: 1.3 ms
+    import ast  # lazy: 2.9 ms
 
-    from ...cells import ModuleSource, cells_of, original_code, source_for_file  # lazy: 16.8 ms
+    from ...cells import ModuleSource, cells_of, original_code, source_for_file  # lazy: 9.5 ms
 
     try:
         code = crash.frame.f_code
@@ -493,7 +496,7 @@ def _still_to_run(stmt: ast.stmt, position: tuple | None) -> list[ast.AST]:
     """The parts of the failing statement that would still run after the
     instruction that failed: calls that enclose it (``f(x[k])``: ``f``) and
     those that start after it.  Of a compound statement, its header only."""
-    import ast  # lazy: 1.3 ms
+    import ast  # lazy: 2.9 ms
 
     head: list[ast.AST]
     if isinstance(stmt, (ast.If, ast.While)):
@@ -529,7 +532,7 @@ def _left_out(decision: Decision, crash: Crash) -> list[tuple[int, str, str]] | 
     """The calls ``decision`` (skip or continue) would leave out that may run
     a collective -- (line, text, verdict) --, read from the source; None
     where the source cannot be read."""
-    import ast  # lazy: 1.3 ms
+    import ast  # lazy: 2.9 ms
 
     found = _source_of(crash)
     if found is None:
@@ -597,7 +600,7 @@ _KEY: list[bytes] = []
 def _key() -> bytes:
     """This user's daifu key (``_seal.load_key``); raises ``SealError``."""
     if not _KEY:
-        from ._seal import load_key  # lazy: 6.7 ms
+        from ._seal import load_key  # lazy: 12.4 ms
 
         _KEY.append(load_key(create=True))
     return _KEY[0]
@@ -617,13 +620,23 @@ def _crash_key(rank: int) -> str:
     return f"daifu/at-crash/{rank}"
 
 
+#: is this rank handling a crash now (``mark_at_crash``)?
+_at_crash_here = [False]
+
+
+def at_crash_here() -> bool:
+    """Is this rank handling a crash (the watchdog's peers then wait for it)?"""
+    return _at_crash_here[0]
+
+
 def mark_at_crash(on: bool) -> None:
     """Say in the job's store, sealed, whether this rank is handling a crash
     (an agreement's peers read it to fail fast).  Never raises."""
+    _at_crash_here[0] = bool(on)
     if not active():
         return
     try:
-        from ._seal import seal  # lazy: 6.7 ms
+        from ._seal import seal  # lazy: 12.4 ms
 
         store, _, rank = _world()
         store.set(_crash_key(rank), seal(_key(), f"at-crash|{_job()}|{rank}",
@@ -636,8 +649,8 @@ def _at_crash(store: Any, rank: int) -> bool:
     """Is ``rank`` handling a crash, as its sealed mark says?  A mark that is
     not the rank's (forged, moved) is dropped and counts as unknown: the
     agreement then waits its whole timeout, as without a mark."""
-    from ._jobstore import dropped  # lazy: 40.5 ms
-    from ._seal import SealError, unseal  # lazy: 6.7 ms
+    from ._jobstore import dropped  # lazy: 41.3 ms
+    from ._seal import SealError, unseal  # lazy: 12.4 ms
 
     name = _crash_key(rank)
     try:
@@ -674,8 +687,8 @@ class _Meeting:
     def _read(self, rank: int, phase: str) -> dict | None:
         """A rank's sealed value of ``phase`` ("agree", "seen"), or None (not
         there yet, or not sealed for it: dropped and named once)."""
-        from ._jobstore import dropped  # lazy: 40.5 ms
-        from ._seal import SealError, unseal  # lazy: 6.7 ms
+        from ._jobstore import dropped  # lazy: 41.3 ms
+        from ._seal import SealError, unseal  # lazy: 12.4 ms
 
         name = self.name(rank, phase)
         try:
@@ -705,7 +718,7 @@ class _Meeting:
         """Until every key in ``names`` exists, at most ``seconds`` (a wait in
         the store, not a poll; keys holding a forged value exist already: the
         caller reads again a little later)."""
-        import datetime  # lazy: 2.2 ms
+        import datetime  # lazy: 2.8 ms
 
         try:
             self.store.wait(names, datetime.timedelta(seconds=max(0.05, seconds)))
@@ -714,7 +727,7 @@ class _Meeting:
 
     def run(self, mine: str, refuse: str, timeout: float) -> dict[int, dict]:
         """Every rank's value for this round (raises ``_NotAgreed``)."""
-        from ._seal import seal  # lazy: 6.7 ms
+        from ._seal import seal  # lazy: 12.4 ms
 
         nonce = os.urandom(12).hex()
         own = {"what": mine, "nonce": nonce, "refuse": refuse}
@@ -779,7 +792,7 @@ class _Meeting:
         return values
 
     def _post_seen(self, values: dict[int, dict]) -> dict[str, str]:
-        from ._seal import seal  # lazy: 6.7 ms
+        from ._seal import seal  # lazy: 12.4 ms
 
         seen = {str(r): v["nonce"] for r, v in sorted(values.items())}
         self.store.set(self.name(self.rank, "seen"), seal(
@@ -800,7 +813,7 @@ def agree(decision: Decision, crash: Crash) -> None:
     """Wait until every rank of the job takes ``decision`` at the same crash;
     raise ``PatchError`` with the reason when they do not (in time), or when
     one of them cannot take it (``_job_reason``)."""
-    from ._seal import SealError  # lazy: 6.7 ms
+    from ._seal import SealError  # lazy: 12.4 ms
 
     group = _group()
     if group is None:
