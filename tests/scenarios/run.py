@@ -17,7 +17,8 @@ Code several programs share lives in ``_common.py``; a crash site never does
 (only the script itself is vaccinated).
 
 A case with ``"mode": "resume"`` is not fixed in situ: nobody fixes the
-crash (or, with ``"sigterm_after": TAG``, SIGTERM preempts the job after
+crash (or, with ``"hang"``, the job hangs and daifu's watchdog ends it;
+with ``"sigterm_after": TAG``, SIGTERM preempts the job after
 that iteration), daifu saves its emergency checkpoint, and the corrected
 program, started again with ``--resume PATH``, goes on with
 ``daifu.resume``; its restore time runs from that launch.
@@ -606,8 +607,22 @@ def _check_ended(res: Result, meta: dict, returncode: int, err: str, events: lis
                  ranks: int) -> None:
     """The preempted or crashed job ended as it would without daifu: killed
     by SIGTERM (a distributed job: torchrun's agent ends with an error), or
-    the exception's traceback and status 1."""
+    the exception's traceback and status 1; a hung job (``"hang"``) named
+    by daifu's watchdog within its threshold, then ended with status 124."""
     crashes = [e for e in events if e["event"] == "crash.intercepted"]
+    if meta.get("hang"):  # ended by daifu's watchdog: named, then status 124
+        hangs = [e for e in events if e["event"] == "hang.detected"]
+        if returncode == 0 or "exitcode  : 124" not in err:
+            res.problems.append(f"the hung job did not end with status 124 (exit {returncode})"
+                                f": {err[-3000:]}")
+        if len(hangs) != 1 or hangs[0]["behind"] != meta["hang"]["rank"] \
+                or meta["statement"] not in hangs[0]["at"]:
+            res.problems.append(f"the hang was not named as rank {meta['hang']['rank']} at "
+                                f"{meta['statement']!r}: {hangs}")
+        elif hangs[0]["idle_s"] > hangs[0]["threshold_s"] + 2.0:
+            res.problems.append(f"the hang was named late: {hangs[0]}")
+        res.statement = hangs[0]["at"] if hangs else ""
+        return
     if meta.get("sigterm_after"):
         if (returncode == 0) if ranks else (returncode != -15):
             res.problems.append(f"SIGTERM did not end the job as python's (exit {returncode})"
