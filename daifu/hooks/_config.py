@@ -335,7 +335,7 @@ OPTIONS: tuple[Option, ...] = (
            expects="seconds > 0, auto or off", export=lambda cfg: cfg.hang_after),
     Option(("--on-hang",), "what a hang does: save (every rank saves, then the job ends; "
            "with --wait, after the wait) or report (name it only)",
-           metavar="WHAT", choices=("save", "report"), env="DAIFU_ON_HANG", field="on_hang",
+           metavar="WHAT", choices=("report", "save"), env="DAIFU_ON_HANG", field="on_hang",
            expects="save or report", export=lambda cfg: cfg.on_hang),
     Option(("-V", "--version"), "show daifu's version, the Python it runs on and whether the "
            "barrier's C check is in use, and exit", version=True),
