@@ -805,7 +805,7 @@ PREEMPTED_DDP = textwrap.dedent('''
     if args.resume:
         position = daifu.resume(args.resume, model=model, optimizer=opt, loader=loader)
         start_epoch = position["epoch"]
-        print("resumed", rank, position, flush=True)
+        print(f"resumed {rank} {position}", flush=True)  # (one write: ranks share the pipe)
     for epoch in range(start_epoch, 3):
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
