@@ -822,6 +822,33 @@ PREEMPTED_DDP = textwrap.dedent('''
 ''')
 
 
+def _launch_until(tmp_path, args: list[str], marker: str, daifu_args=()) -> subprocess.Popen:
+    """torchrun -m daifu train.py ARGS (2 ranks, gloo), returned once rank 0
+    printed a line starting with ``marker``."""
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0",
+           "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "daifu", *daifu_args, "--log-file", "events-{rank}.jsonl", "train.py", *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=60)
+            if line.startswith(marker):
+                return proc
+        raise AssertionError(f"no line {marker!r} in 120 s")
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 @pytest.mark.parametrize("after", ["step 0 2", "step 0 6"], ids=["mid_epoch", "epoch_end"])
 def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resumes_exactly(
         tmp_path, after):
@@ -831,27 +858,13 @@ def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resum
     again with ``daifu.resume(manifest)`` ends bit-identical to a run never
     stopped (a shuffled DistributedSampler, dropout, momentum)."""
     import signal
-    import time
 
     (tmp_path / "ref.py").write_text(PREEMPTED_DDP)
     (tmp_path / "train.py").write_text(PREEMPTED_DDP)
     ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0",
-           "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "daifu", "--log-file", "events-{rank}.jsonl", "train.py", "--pause", "0.05"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        stdin=subprocess.DEVNULL)
+    proc = _launch_until(tmp_path, ["--pause", "0.05"], after)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, proc.communicate(timeout=60)
-            if line.startswith(after):
-                break
         proc.send_signal(signal.SIGTERM)  # (the agent: it passes SIGTERM on to the ranks)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -899,21 +912,8 @@ def test_sigterm_while_a_rank_is_stuck_in_a_collective_saves_it_from_a_thread_in
 
     assert "print('hung'" in HANGS_AT_3
     (tmp_path / "train.py").write_text(HANGS_AT_3)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DAIFU_CONSOLE": "0",
-           "DAIFU_CHECKPOINT_DIR": str(tmp_path / "ck")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "daifu", "--grace", "8", "--log-file", "events-{rank}.jsonl", "train.py",
-         "--pause", "0.01"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env, stdin=subprocess.DEVNULL)
+    proc = _launch_until(tmp_path, ["--pause", "0.01"], "hung", daifu_args=["--grace", "8"])
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, proc.communicate(timeout=60)
-            if line.startswith("hung"):
-                break
         time.sleep(1.0)  # (rank 0 is in the all-reduce by now)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -366,9 +366,11 @@ class HangDetected(Event):
 @event
 class StragglerSeen(Event):
     """A rank that keeps its peers waiting at every collective, while the
-    job still moves (``engine/_watchdog``): ``late_s`` is how long after
-    the others it issues them (median), ``own_s`` its time per step and
-    ``others_s`` the median of the others'.  Nothing is stopped for it."""
+    job still moves (``engine/_watchdog``): ``own_s`` is its own time per
+    step (outside the collectives), ``others_s`` the median of the others',
+    ``late_s`` how much longer they wait for it each step, ``at`` the line
+    it spends its time at, ``samples`` how many samples of each rank this
+    rests on.  Nothing is stopped for it."""
 
     event: ClassVar[str] = "straggler"
     level: ClassVar[str] = "warning"
@@ -377,7 +379,7 @@ class StragglerSeen(Event):
     late_s: float
     own_s: float
     others_s: float
-    collectives: int
+    samples: int
 
 
 @event

@@ -49,7 +49,14 @@ import threading
 import time
 
 from ._crash import _installed, is_plumbing
-from ._events import HangDetected, NotifyFailed, NotifySent, StragglerSeen, emit
+from ._events import (
+    HangDetected,
+    InternalError,
+    NotifyFailed,
+    NotifySent,
+    StragglerSeen,
+    emit,
+)
 from ._job import job_file_info
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -412,8 +419,13 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception:  # (the store gone at the job's end; never the job's problem)
-            pass
+        except Exception as exc:  # (never the job's problem; said unless the job ends)
+            if not self.stopping.is_set():
+                import traceback  # lazy: 4.2 ms
+
+                emit(InternalError(where="watchdog", error=f"{type(exc).__name__}: {exc} "
+                                   "(this rank's hangs are no longer watched)",
+                                   traceback=traceback.format_exc()))
 
     def _run(self) -> None:
         from .persist._resume import KEEPER  # lazy: 2.6 ms
@@ -441,7 +453,7 @@ class Watchdog(threading.Thread):
             for s in judge.stragglers(beats):
                 emit(StragglerSeen(straggler=s["rank"], at=s["at"], late_s=round(s["late_s"], 3),
                                    own_s=round(s["own_s"], 3), others_s=round(s["others_s"], 3),
-                                   collectives=s["samples"]))
+                                   samples=s["samples"]))
                 _say(f"rank {s['rank']} is a straggler: {s['own_s']:.2f} s of its own per step "
                      f"against {s['others_s']:.2f} s for the others (they wait for it); it "
                      f"spends it at {s['at'] or '?'}")

@@ -672,11 +672,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
         raise ResumeError(f"no checkpoint at {path}") from None
     if not isinstance(ck, dict) or "rng" not in ck or not any(k in ck for k in _KINDS):
         raise ResumeError(f"{path} is not a checkpoint daifu wrote")
-    fmt = ck.get("format", 0)
-    if not isinstance(fmt, int) or fmt > FORMAT:
-        raise ResumeError(f"{path} was written by daifu {ck.get('daifu', '?')} (checkpoint "
-                          f"format {fmt}); this daifu ({__version__}) reads formats up to "
-                          f"{FORMAT}: resume with that daifu or a newer one")
+    _readable(path, ck, "checkpoint", FORMAT)
     if not objects:
         objects = _by_saved_names(ck, sys._getframe(2))
     torch = sys.modules.get("torch")
@@ -736,6 +732,16 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     return position
 
 
+def _readable(path: str, written: dict[str, Any], what: str, newest: int) -> None:
+    """Refuse a file of a format newer than this daifu reads (``what``:
+    "checkpoint" or "manifest")."""
+    fmt = written.get("format", 0)
+    if not isinstance(fmt, int) or fmt > newest:
+        raise ResumeError(f"{path} was written by daifu {written.get('daifu', '?')} ({what} "
+                          f"format {fmt}); this daifu ({__version__}) reads formats up to "
+                          f"{newest}: resume with that daifu or a newer one")
+
+
 def _rank_file(manifest_path: str) -> str:
     """This rank's checkpoint in a preempted job's manifest
     (``persist/_preempt``): the job must have as many ranks as the one
@@ -751,11 +757,7 @@ def _rank_file(manifest_path: str) -> str:
         raise ResumeError(f"{manifest_path} is not a manifest daifu wrote: {exc}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("ranks"), dict):
         raise ResumeError(f"{manifest_path} is not a manifest daifu wrote")
-    fmt = manifest.get("format", 0)
-    if not isinstance(fmt, int) or fmt > MANIFEST_FORMAT:
-        raise ResumeError(f"{manifest_path} was written by daifu {manifest.get('daifu', '?')} "
-                          f"(manifest format {fmt}); this daifu ({__version__}) reads formats "
-                          f"up to {MANIFEST_FORMAT}")
+    _readable(manifest_path, manifest, "manifest", MANIFEST_FORMAT)
     where = placeholders()
     rank, world = where["rank"], where["world_size"]
     if manifest.get("world_size") != world:
