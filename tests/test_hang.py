@@ -392,3 +392,26 @@ def test_no_watchdog_outside_a_launcher_or_when_turned_off(monkeypatch):
     monkeypatch.setenv("DAIFU_HANG_AFTER", "off")
     _watchdog.start(engine=None)
     assert _watchdog._started == []
+
+
+@pytest.mark.slow
+@needs_torch
+def test_with_wait_the_hung_job_waits_for_a_person_then_saves(tmp_path):
+    """``--wait 6``: the hang is named with how to look at it, nothing is
+    saved for 6 s (the peers' collective timeouts are extended by the wait),
+    then every rank saves as without a person."""
+    run = launch(tmp_path, "--case", "hang", daifu_args=["--wait", "6"])
+    assert "exitcode  : 124" in run.stderr, run.stderr[-3000:]
+    [hang] = events(tmp_path, "hang.detected")[0]
+    assert hang["behind"] == 1 and hang["action"] == "wait"
+    assert "the job waits 6 s for you, then every rank saves (python -m daifu stacks --job" \
+        in run.stderr
+    saved = events(tmp_path, "checkpoint.saved")
+    assert [len(saved[0]), len(saved[1])] == [1, 1], run.stderr[-3000:]
+
+    def stamp(e):
+        return datetime.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    assert min(stamp(s[0]) for s in saved.values()) - stamp(hang) >= 6.0
+    [manifest] = events(tmp_path, "checkpoint.manifest")[0]
+    assert manifest["consistent"]
