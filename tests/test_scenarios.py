@@ -19,8 +19,11 @@ CASES = load_cases()
 #: the cases fixed in situ, and those resumed from a checkpoint in a new
 #: process (``"mode": "resume"``: ``make test`` runs them in its other lane,
 #: with tests/test_resume.py)
-IN_SITU = [c for c in CASES if c.meta.get("mode") != "resume"]
+IN_SITU = [c for c in CASES if c.meta.get("mode") not in ("resume", "watch")]
 RESUMED = [c for c in CASES if c.meta.get("mode") == "resume"]
+#: distributed jobs that only look hung, or have a straggler: they run to
+#: their end unchanged (in the other lane too)
+WATCHED = [c for c in CASES if c.meta.get("mode") == "watch"]
 
 
 def _proved(case, tmp_path) -> None:
@@ -42,6 +45,13 @@ def test_case_resumed_from_its_checkpoint_and_exact(case, tmp_path):
     _proved(case, tmp_path)
 
 
+@pytest.mark.parametrize("case", WATCHED, ids=[c.name for c in WATCHED])
+def test_case_watched_runs_unchanged_and_names_only_its_straggler(case, tmp_path):
+    result = run_case(case, tmp_path)
+    assert result.ok, "\n".join(result.problems)
+    assert result.recovered and result.exact
+
+
 def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
     scenarios = {c.meta["scenario"] for c in CASES}
     assert scenarios >= {"API misuse", "tensor mismatch", "out of memory", "device contention",
@@ -52,6 +62,11 @@ def test_benchmark_covers_the_scenarios_families_and_patch_kinds():
     for kind in ("retry", "exec", "replace", "edit running loop", "skip"):
         assert kind in patches, kind
     assert len(CASES) >= 16
+    # hangs: one named and survived, a straggler named, three false alarms silent
+    assert any(c.meta.get("hang") for c in RESUMED)
+    assert {c.meta["scenario"] for c in WATCHED} >= {
+        "straggler", "false alarm: slow first step", "false alarm: long evaluation on rank 0",
+        "false alarm: slow checkpoint write"}
     assert any(c.meta.get("mutating_call") for c in CASES)  # a non-idempotent case
     # framework-driven code, reached with default settings (first-call vaccination)
     frameworks = {m for c in CASES for m in c.meta.get("requires", [])}

@@ -35,8 +35,9 @@ then relaunches the job, which resumes with ``daifu.resume(manifest)``.
 
 Stragglers: each rank also samples whether its main thread is in its own
 code or in the collective path (``torch.distributed``, autograd's backward,
-DDP); a rank whose own time per step is twice the others' (and 50 ms more)
-is named in one ``straggler`` event.  Nothing is stopped for it.
+DDP); while every rank steps at a steady pace, a rank whose own time per
+step is twice the others' (and 50 ms more) is named in one ``straggler``
+event.  Nothing is stopped for it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ FIRST_HANG_S = 300.0
 BUSY_SHARE = 0.2
 #: how a rank of a job that hung ends (as ``timeout(1)`` does)
 HANG_EXIT = 124
-#: the straggler check: a window of this many samples per rank, at least
+#: the straggler check: a window of this many samples per rank (10 s)
 STRAGGLER_SAMPLES = 20
 #: ... a rank whose own time per step is this many times the others' median
 STRAGGLER_RATIO = 2.0
@@ -212,7 +213,9 @@ class Progress:
         #: (time, steps) over the last ~20 s: the step rate
         self.window: collections.deque = collections.deque(maxlen=40)
         #: the last samples: in the collective path or not, and where
-        self.samples: collections.deque = collections.deque(maxlen=2 * STRAGGLER_SAMPLES)
+        self.samples: collections.deque = collections.deque(maxlen=STRAGGLER_SAMPLES)
+        #: when the step count was seen to change, lately
+        self.changes: collections.deque = collections.deque(maxlen=4 * STRAGGLER_SAMPLES)
 
     def update(self, now: float, steps: int, cpu: float | None, io: int | None,
                where: str = "", waiting: bool = False, saving: bool = False) -> None:
@@ -230,6 +233,7 @@ class Progress:
                     self.slowest = max(self.slowest, now - self.step_t)
                 self.stepped = True
             self.steps, self.step_t, moved = steps, now, True
+            self.changes.append(now)
         dt = now - self.last_t
         if cpu is not None and self.cpu is not None and dt > 0 \
                 and cpu - self.cpu >= BUSY_SHARE * dt:
@@ -249,6 +253,19 @@ class Progress:
         (t0, s0), (t1, s1) = self.window[0], self.window[-1]
         return (t1 - t0) / (s1 - s0) if s1 > s0 else None
 
+    def regular(self, now: float) -> bool:
+        """Did the rank step at a steady pace over the samples' window?  (A
+        straggler does; a rank that stopped once for seconds -- a slow first
+        step, an evaluation, a checkpoint -- does not, until that stop has
+        left the window.)"""
+        since = now - TICK_S * len(self.samples)
+        times = [t for t in self.changes if t >= since]
+        earlier = [t for t in self.changes if t < since]
+        if earlier:  # (a stop that began before the window and ended in it counts)
+            times.insert(0, earlier[-1])
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        return len(gaps) >= 5 and gaps[-1] <= max(3 * gaps[len(gaps) // 2], 1.5)
+
     def beat(self, n: int, now: float, crash: bool, taken: int = 0) -> dict[str, Any]:
         own = [where for waiting, where in self.samples if not waiting]
         hot = collections.Counter(own).most_common(1)
@@ -257,7 +274,8 @@ class Progress:
                 "at": self.samples[-1][1] if self.samples else "",
                 "own": (len(own) / len(self.samples)) if self.samples else None,
                 "samples": len(self.samples), "hot": hot[0][0] if hot else "",
-                "step_s": self.step_s(), "crash": crash, "taken": taken, "pid": os.getpid(),
+                "step_s": self.step_s(), "regular": self.regular(now), "crash": crash,
+                "taken": taken, "pid": os.getpid(),
                 "host": socket.gethostname()}
 
 
@@ -329,8 +347,9 @@ class Judge:
             if (b.get("samples") or 0) < STRAGGLER_SAMPLES or b.get("own") is None \
                     or not b.get("step_s"):
                 return []
-            if float(b.get("idle") or 0.0) > max(2.0, 1.5 * float(b["step_s"])):
-                return []  # (the job is not moving: a hang, not a straggler)
+            if float(b.get("idle") or 0.0) > max(2.0, 1.5 * float(b["step_s"])) \
+                    or not b.get("regular"):
+                return []  # (the job is not moving, or stopped once lately: not a straggler)
             own[r] = float(b["own"]) * float(b["step_s"])
         if len(own) < 2:
             return []
@@ -451,6 +470,7 @@ class Watchdog(threading.Thread):
                 continue
             beats = self._beats()
             for s in judge.stragglers(beats):
+                s["at"] = _with_source(s["at"])
                 emit(StragglerSeen(straggler=s["rank"], at=s["at"], late_s=round(s["late_s"], 3),
                                    own_s=round(s["own_s"], 3), others_s=round(s["others_s"], 3),
                                    samples=s["samples"]))
@@ -567,6 +587,16 @@ class Watchdog(threading.Thread):
             except Exception:
                 pass
         os._exit(HANG_EXIT)
+
+
+def _with_source(at: str) -> str:
+    """``FILE:LINE in NAME`` with the line's text, where this node has the file."""
+    import linecache  # lazy: 0.1 ms
+
+    where, _, _ = at.partition(" in ")
+    filename, _, line = where.rpartition(":")
+    text = linecache.getline(filename, int(line)).strip() if line.isdigit() else ""
+    return f"{at} ({text})" if text else at
 
 
 def _say(text: str) -> None:

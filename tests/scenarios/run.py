@@ -21,7 +21,9 @@ crash (or, with ``"hang"``, the job hangs and daifu's watchdog ends it;
 with ``"sigterm_after": TAG``, SIGTERM preempts the job after
 that iteration), daifu saves its emergency checkpoint, and the corrected
 program, started again with ``--resume PATH``, goes on with
-``daifu.resume``; its restore time runs from that launch.
+``daifu.resume``; its restore time runs from that launch.  A case with
+``"mode": "watch"`` only looks hung, or has a straggler: under daifu it
+must run to its end unchanged, its straggler named, no hang named.
 
 For every case the runner checks that the crash was intercepted at the
 expected statement with the expected exception, that the fix was applied and
@@ -381,6 +383,8 @@ def run_case(case: Case, workdir: Path, timeout: float = 300.0) -> Result:
     ref_iters = [(tag, t - started) for tag, t in _iterations(ref_log)]
     if meta.get("mode") == "resume":
         return _resume_case(res, meta, work, rdir, cdir, args, ref_iters, timeout, launch, ranks)
+    if meta.get("mode") == "watch":
+        return _watched_case(res, meta, work, cdir, args, timeout, launch, ranks)
 
     # 2. the buggy program under daifu, with its fix
     live_log, events_path = work / "live.iter", work / "events.jsonl"
@@ -600,6 +604,46 @@ def _resume_case(res: Result, meta: dict, work: Path, rdir: Path, cdir: Path, ar
         res.ratio = round(res.restart_s * 1000.0 / max(res.restore_ms, 0.1), 1)
     else:
         res.problems.append(f"the resumed run's first iteration {first} is not the reference's")
+    return res
+
+
+def _watched_case(res: Result, meta: dict, work: Path, cdir: Path, args: list,
+                  timeout: float, launch: list, ranks: int) -> Result:
+    """A distributed job that only looks hung, or has a straggler
+    (``"mode": "watch"``): under daifu it runs to its end, bit-identical to
+    the reference; daifu's watchdog names the straggler (``"watch":
+    {"straggler": RANK}``) and never a hang."""
+    env = {**_env(work / "live.iter"), "DAIFU_CONSOLE": "0", "DAIFU_WAIT": "0",
+           "DAIFU_CHECKPOINT_DIR": str(work / "ck")}
+    cmd = [*launch, "-m", "daifu", "--log-file", str(work / "events-{rank}.jsonl"),
+           *meta.get("daifu_args", []), _buggy(meta), "--out", "live.pt", *args,
+           *meta.get("buggy_args", [])]
+    run = subprocess.run(cmd, cwd=cdir, capture_output=True, text=True, timeout=timeout,
+                         env=env, stdin=subprocess.DEVNULL)
+    if run.returncode != 0:
+        res.problems.append(f"the job did not run to its end (exit {run.returncode}): "
+                            f"{run.stderr[-3000:]}")
+        return res
+    events = [e for r in range(ranks) for e in read_events(work / f"events-{r}.jsonl")]
+    hangs = [e for e in events if e["event"] == "hang.detected"]
+    if hangs:
+        res.problems.append(f"a hang was named where there is none: {hangs}")
+    stragglers = [e for e in events if e["event"] == "straggler"]
+    expected = meta["watch"].get("straggler")
+    if expected is None and stragglers:
+        res.problems.append(f"a straggler was named where there is none: {stragglers}")
+    if expected is not None:
+        if [e["straggler"] for e in stragglers] != [expected] or \
+                meta["statement"] not in stragglers[0]["at"]:
+            res.problems.append(f"rank {expected} was not named once as the straggler at "
+                                f"{meta['statement']!r}: {stragglers}")
+        else:
+            res.statement = stragglers[0]["at"]
+    res.recovered = not res.problems
+    res.exact = same_params(load_params(cdir / "live.pt"),
+                            load_params(work / "reference" / cdir.name / "reference.pt"))
+    if not res.exact:
+        res.problems.append("final parameters differ from the reference run")
     return res
 
 
