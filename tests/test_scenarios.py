@@ -22,7 +22,7 @@ CASES = load_cases()
 IN_SITU = [c for c in CASES if c.meta.get("mode") not in ("resume", "watch")]
 RESUMED = [c for c in CASES if c.meta.get("mode") == "resume"]
 #: distributed jobs that only look hung, or have a straggler: they run to
-#: their end unchanged (in the other lane too)
+#: their end unchanged (in the other lane too, with tests/test_hang.py)
 WATCHED = [c for c in CASES if c.meta.get("mode") == "watch"]
 
 
