@@ -15,7 +15,13 @@ import pytest
 
 pytest.importorskip("torch", reason="PyTorch not available")
 
-from .support import assert_identical, load_params, read_events, run_daifu  # noqa: E402
+from .support import (  # noqa: E402
+    PREEMPTED_DDP,
+    assert_identical,
+    load_params,
+    read_events,
+    run_daifu,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -775,51 +781,6 @@ def test_stacks_of_a_two_node_job_name_the_rank_that_skipped_a_collective(tmp_pa
 
 # -- a preempted job: SIGTERM to torchrun's agent -----------------------------------------
 
-PREEMPTED_DDP = textwrap.dedent('''
-    import argparse, sys, time
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
-    from torch.utils.data.distributed import DistributedSampler
-    import daifu
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--resume")
-    p.add_argument("--pause", type=float, default=0.0)
-    p.add_argument("--out", default="final.pt")
-    args = p.parse_args()
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(256, 8, generator=g), torch.randn(256, 1, generator=g))
-    sampler = DistributedSampler(data, shuffle=True, seed=3)
-    loader = DataLoader(data, batch_size=16, sampler=sampler)
-    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    start_epoch = 0
-    if args.resume:
-        position = daifu.resume(args.resume, model=model, optimizer=opt, loader=loader)
-        start_epoch = position["epoch"]
-        print(f"resumed {rank} {position}", flush=True)  # (one write: ranks share the pipe)
-    for epoch in range(start_epoch, 3):
-        sampler.set_epoch(epoch)
-        for i, (x, y) in enumerate(loader):
-            loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if rank == 0:
-                print("step", epoch, i, flush=True)
-            time.sleep(args.pause * (1 + rank))  # (rank 1 lags: the ranks learn of it apart)
-    if rank == 0:
-        torch.save(model.module.state_dict(), args.out)
-    dist.destroy_process_group()
-''')
 
 
 def _launch_until(tmp_path, args: list[str], marker: str, daifu_args=()) -> subprocess.Popen:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from daifu.engine._watchdog import (
     settings,
 )
 
-from .support import assert_identical, load_params, read_events, run_daifu
+from .support import PREEMPTED_DDP, assert_identical, load_params, read_events, run_daifu
 
 
 def beat(n, steps, idle=0.0, slowest=0.5, taken=10, **more):
@@ -178,59 +177,23 @@ def test_the_options_and_their_variables(tmp_path):
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="PyTorch not available")
 
-TRAIN = textwrap.dedent('''
-    import argparse, ctypes, os, sys, time
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
-    from torch.utils.data.distributed import DistributedSampler
-    import daifu
+#: the preempted job of tests/test_distributed.py, where rank 1 hangs before
+#: step 20's backward pass (``--case hang``: in Python; ``gil``: in a C call
+#: that holds the GIL) while rank 0 waits in DDP's all-reduce
+TRAIN = PREEMPTED_DDP.replace(
+    "import argparse, sys, time", "import argparse, ctypes, sys, time").replace(
+    'p.add_argument("--out", default="final.pt")',
+    'p.add_argument("--out", default="final.pt")\np.add_argument("--case", default="none")'
+).replace(
+    "        opt.zero_grad()\n",
+    "        opt.zero_grad()\n"
+    "        if not args.resume and rank == 1 and epoch * 8 + i == 20:\n"
+    "            print(f'hanging {time.time()}', flush=True)\n"
+    "            if args.case == 'hang':\n"
+    "                time.sleep(600)  # HANG\n"
+    "            if args.case == 'gil':\n"
+    "                ctypes.PyDLL(None).sleep(600)  # HOLDS THE GIL\n")
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--case", default="none")
-    p.add_argument("--pause", type=float, default=0.05)
-    p.add_argument("--resume", default="")
-    p.add_argument("--out", default="final.pt")
-    args = p.parse_args()
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(256, 8, generator=g), torch.randn(256, 1, generator=g))
-    sampler = DistributedSampler(data, shuffle=True, seed=3)
-    loader = DataLoader(data, batch_size=16, sampler=sampler)
-    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    start_epoch = 0
-    if args.resume:
-        position = daifu.resume(args.resume, model=model, optimizer=opt, loader=loader)
-        start_epoch = position["epoch"]
-        print(f"resumed {rank} {position}", flush=True)  # (one write: ranks share the pipe)
-    for epoch in range(start_epoch, 3):
-        sampler.set_epoch(epoch)
-        for i, (x, y) in enumerate(loader):
-            step = epoch * 8 + i
-            loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            if not args.resume and rank == 1 and step == 20:
-                if args.case == "hang":
-                    print(f"hanging {time.time()}", flush=True)
-                    time.sleep(600)                             # HANG
-                if args.case == "gil":
-                    print(f"hanging {time.time()}", flush=True)
-                    ctypes.PyDLL(None).sleep(600)              # HOLDS THE GIL
-            loss.backward()
-            opt.step()
-            time.sleep(args.pause)
-    if rank == 0:
-        torch.save(model.module.state_dict(), args.out)
-        print("done", flush=True)
-    dist.destroy_process_group()
-''')
 
 def _line(marker: str) -> int:
     return next(n for n, text in enumerate(TRAIN.splitlines(), 1) if marker in text)
@@ -277,7 +240,7 @@ def test_a_rank_hung_in_python_is_named_every_rank_saves_and_the_job_resumes_exa
     a bounded slack, both ranks save, the job ends with status 124, and the
     job launched again from the manifest ends bit-identical to a run that
     never hung (a shuffled sampler, dropout, momentum)."""
-    run = launch(tmp_path, "--case", "hang")
+    run = launch(tmp_path, "--case", "hang", "--pause", "0.05")
     assert "hanging" in run.stdout, run.stderr[-3000:]
     assert "exitcode  : 124" in run.stderr, run.stderr[-3000:]
     hung_at = float(run.stdout.split("hanging ")[1].split()[0])
@@ -311,9 +274,10 @@ def test_a_rank_hung_in_python_is_named_every_rank_saves_and_the_job_resumes_exa
 @needs_torch
 def test_a_rank_holding_the_interpreter_in_c_is_named_and_the_others_save(tmp_path):
     """Rank 1 in a C call that holds the GIL: its watchdog cannot run, so it
-    stops posting.  Rank 0 names it with the line it was last seen at, saves,
+    stops posting (``--pause``: it has posted its second step by then; a
+    rank stuck so before is judged at the first steps' 300 s).  Rank 0 names it with the line it was last seen at, saves,
     and the manifest says rank 1 saved nothing."""
-    run = launch(tmp_path, "--case", "gil")
+    run = launch(tmp_path, "--case", "gil", "--pause", "0.05")
     assert "hanging" in run.stdout, run.stderr[-3000:]
     [hang] = events(tmp_path, "hang.detected")[0]
     assert hang["behind"] == 1 and "it no longer answers" in hang["at"], hang
@@ -357,7 +321,7 @@ def test_with_wait_the_hung_job_waits_for_a_person_then_saves(tmp_path):
     """``--wait 6``: the hang is named with how to look at it, nothing is
     saved for 6 s (the peers' collective timeouts are extended by the wait),
     then every rank saves as without a person."""
-    run = launch(tmp_path, "--case", "hang", daifu_args=["--wait", "6"])
+    run = launch(tmp_path, "--case", "hang", "--pause", "0.05", daifu_args=["--wait", "6"])
     assert "exitcode  : 124" in run.stderr, run.stderr[-3000:]
     [hang] = events(tmp_path, "hang.detected")[0]
     assert hang["behind"] == 1 and hang["action"] == "wait"
