@@ -275,8 +275,9 @@ def test_a_rank_hung_in_python_is_named_every_rank_saves_and_the_job_resumes_exa
 def test_a_rank_holding_the_interpreter_in_c_is_named_and_the_others_save(tmp_path):
     """Rank 1 in a C call that holds the GIL: its watchdog cannot run, so it
     stops posting (``--pause``: it has posted its second step by then; a
-    rank stuck so before is judged at the first steps' 300 s).  Rank 0 names it with the line it was last seen at, saves,
-    and the manifest says rank 1 saved nothing."""
+    rank stuck so before is judged at the first steps' 300 s).  Rank 0
+    names it with the line it was last seen at, saves, and the manifest
+    says rank 1 saved nothing."""
     run = launch(tmp_path, "--case", "gil", "--pause", "0.05")
     assert "hanging" in run.stdout, run.stderr[-3000:]
     [hang] = events(tmp_path, "hang.detected")[0]
