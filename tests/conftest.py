@@ -124,6 +124,8 @@ def pytest_configure(config):
         import daifu.engine._routes  # noqa: F401
         import daifu.hooks._cmain  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_FRAMEWORKS") == "1":
-        # the crash benchmark's Lightning and HF Trainer cases need them
+        # the crash benchmark's Lightning and HF Trainer cases need them,
+        # the StatefulDataLoader's resume torchdata
         import lightning  # noqa: F401
+        import torchdata.stateful_dataloader  # noqa: F401
         import transformers  # noqa: F401

@@ -31,6 +31,7 @@ TRAIN = textwrap.dedent('''
     p.add_argument("--crash", default="")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--loop", default="for")
+    p.add_argument("--kind", default="plain")  # plain, stateful, persistent, stateful-persistent
     args = p.parse_args()
     crash = tuple(int(v) for v in args.crash.split(",")) if args.crash else None
 
@@ -51,7 +52,10 @@ TRAIN = textwrap.dedent('''
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-    loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=args.workers)
+    if args.kind.startswith("stateful"):
+        from torchdata.stateful_dataloader import StatefulDataLoader as DataLoader
+    loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=args.workers,
+                        persistent_workers=args.kind.endswith("persistent"))
     EPOCHS = 3
     start_epoch = start_i = 0
     if args.resume:
@@ -109,35 +113,43 @@ def _run(args, cwd: Path, daifu: bool) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
-_references: dict[tuple[int, str], Path] = {}
+_references: dict[tuple[int, str, str], Path] = {}
 
 
-def _reference(tmp_path_factory, workers: int, loop: str) -> Path:
-    key = (workers, loop)
+def _reference(tmp_path_factory, workers: int, loop: str, kind: str = "plain") -> Path:
+    key = (workers, loop, kind)
     if key not in _references:
-        where = tmp_path_factory.mktemp(f"reference-{workers}-{loop}")
+        where = tmp_path_factory.mktemp(f"reference-{workers}-{loop}-{kind}")
         (where / "train.py").write_text(TRAIN)
-        done = _run(["--workers", str(workers), "--loop", loop, "--out", "ref.pt"], where,
-                    daifu=False)
+        done = _run(["--workers", str(workers), "--loop", loop, "--kind", kind,
+                     "--out", "ref.pt"], where, daifu=False)
         assert done.returncode == 0, done.stderr
         _references[key] = where / "ref.pt"
     return _references[key]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "loop", "crash"), [
-    (0, "for", "1,2"),    # mid-epoch, main-process loading
-    (2, "for", "1,2"),    # mid-epoch, two workers (each one's RNG goes through its batches)
-    (0, "for", "1,0"),    # the first batch of an epoch (the epoch's end code ran)
-    (0, "while", "2,4"),  # a ``while`` loop, the last batch of the run
-    (2, "while", "0,0"),  # the very first step, nothing stepped yet
+@pytest.mark.parametrize(("workers", "loop", "crash", "kind"), [
+    (0, "for", "1,2", "plain"),    # mid-epoch, main-process loading
+    (2, "for", "1,2", "plain"),    # mid-epoch, two workers (each one's RNG through its batches)
+    (0, "for", "1,0", "plain"),    # the first batch of an epoch (the epoch's end code ran)
+    (0, "while", "2,4", "plain"),  # a ``while`` loop, the last batch of the run
+    (2, "while", "0,0", "plain"),  # the very first step, nothing stepped yet
+    # torchdata's StatefulDataLoader (it makes its own iterators and sampler)
+    (0, "for", "1,2", "stateful"),
+    (2, "while", "1,2", "stateful"),
+    # persistent workers: the third epoch, its workers' RNG past two epochs
+    (2, "for", "2,3", "persistent"),
+    (2, "for", "1,1", "stateful-persistent"),
 ])
 def test_a_crash_resumed_with_one_call_ends_as_if_it_never_stopped(tmp_path, tmp_path_factory,
-                                                                   workers, loop, crash):
+                                                                   workers, loop, crash, kind):
     pytest.importorskip("torch", reason="PyTorch not available")
-    reference = _reference(tmp_path_factory, workers, loop)
+    if kind.startswith("stateful"):
+        pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata not installed")
+    reference = _reference(tmp_path_factory, workers, loop, kind)
     (tmp_path / "train.py").write_text(TRAIN)
-    common = ["--workers", str(workers), "--loop", loop]
+    common = ["--workers", str(workers), "--loop", loop, "--kind", kind]
     crashed = _run([*common, "--crash", crash, "--out", "x.pt"], tmp_path, daifu=True)
     assert crashed.returncode == 1 and f"RuntimeError: bad step {crash}" in crashed.stderr
     saved = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "checkpoint.saved"]
@@ -149,7 +161,13 @@ def test_a_crash_resumed_with_one_call_ends_as_if_it_never_stopped(tmp_path, tmp
 
     ck = torch.load(saved[0]["path"], weights_only=False)
     assert ck["format"] == 1 and ck["rng_at"] == "loader-header"
-    assert ck["loaders"]["loader"]["batches"] == i  # (the failed batch is taken again)
+    entry = ck["loaders"]["loader"]
+    assert entry["batches"] == i  # (the failed batch is taken again)
+    # persistent workers: the epochs before, each with the batches it handed out
+    assert [e["batches"] for e in entry.get("epochs", [])] == \
+        ([5] * epoch if kind.endswith("persistent") else [])
+    # a StatefulDataLoader's own state_dict, at the same point
+    assert ("state_dict" in entry) == kind.startswith("stateful")
     header = "        for i, (x, y) in enumerate(loader):" if loop == "for" \
         else "        while i < len(loader):"
     if crash == "0,0":  # (no optimizer step yet: no loop known)
@@ -233,6 +251,37 @@ def test_resume_by_the_names_the_checkpoint_holds(tmp_path):
     with pytest.raises(daifu.ResumeError, match=r"none of the objects .*\(model, opt, sched, "
                                                 r"loader\) is here by that name"):
         daifu.resume(path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_loaders_own_state_dict_is_kept_at_the_resume_point(workers):
+    """A program that restores its ``StatefulDataLoader`` itself, from the
+    checkpoint's ``state_dict`` (torchdata's own format), goes on with the
+    batch of the failed iteration, in the same order."""
+    torch = pytest.importorskip("torch", reason="PyTorch not available")
+    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata not installed")
+    from daifu.engine.persist._resume import KEEPER, keep_stateful_loaders
+
+    def make():
+        return sdl.StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True,
+                                      num_workers=workers,
+                                      generator=torch.Generator().manual_seed(1))
+
+    keep_stateful_loaders()
+    KEEPER.reset()
+    whole = [b.tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+        KEEPER.on_step(None, (), {})  # (torch's optimizer step hook)
+    assert next(it).tolist() == whole[3]  # (the header kept the point: 3 batches taken)
+    next(it)  # (the failed iteration took one more)
+    state = KEEPER.loader_state(loader)["state_dict"]
+    again = make()
+    again.load_state_dict(state)
+    assert [b.tolist() for b in again] == whole[3:]
+    del it
 
 
 def test_the_kept_python_rng_is_the_state_random_reports():

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .persist._preempt import install as install_preemption
     from .persist._resume import ResumeError as ResumeError
     from .persist._resume import keep_loaders as keep_loaders
+    from .persist._resume import keep_stateful_loaders as keep_stateful_loaders
     from .persist._resume import keep_steps as keep_steps
     from .persist._resume import resume as resume
     from .remote._boundary import job_boundary as job_boundary
@@ -100,6 +101,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "install_preemption": ("persist._preempt", "install"),
     "job_boundary": ("remote._boundary", "job_boundary"),
     "keep_loaders": ("persist._resume", "keep_loaders"),
+    "keep_stateful_loaders": ("persist._resume", "keep_stateful_loaders"),
     "keep_steps": ("persist._resume", "keep_steps"),
     "resume": ("persist._resume", "resume"),
     "ResumeError": ("persist._resume", "ResumeError"),
@@ -179,6 +181,7 @@ __all__ = [
     "journal_path",
     "journals",
     "keep_loaders",
+    "keep_stateful_loaders",
     "keep_steps",
     "list_jobs",
     "load_checkpoint",

@@ -12,6 +12,7 @@ from ..engine import (
     extend_collective_timeouts,
     hold_signals,
     keep_loaders,
+    keep_stateful_loaders,
     keep_steps,
     record_sent_indices,
     start_preload,
@@ -91,11 +92,16 @@ def install(modules: str | None = None, entry: str | None = None,
         if ENGINE.checkpoint:
             keep_steps()
 
+    def stateful() -> None:
+        if ENGINE.checkpoint:
+            keep_stateful_loaders()
+
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
                "torch.utils.data.dataloader": loaders,
                # the resume point: the RNG and the loaders' positions at each
                # optimizer step and the header after it (engine/persist/_resume.py)
                "torch.optim.optimizer": steps,
+               "torchdata.stateful_dataloader.stateful_dataloader": stateful,
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
                "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out

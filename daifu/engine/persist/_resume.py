@@ -135,11 +135,13 @@ class Keeper:
         self._rng: dict[str, Any] | None = None
         #: where it was kept: "optimizer-step" or "loader-header"
         self.at: str | None = None
-        #: id(iterator) -> (its weakref, the loader's weakref, the states
-        #: before it was made), for the live loader iterators
-        self._iters: dict[int, tuple[Any, Any, dict[str, Any]]] = {}
-        #: at the resume point: (loader's weakref, batches handed out, states)
-        self._loaders: list[tuple[Any, int, dict[str, Any]]] = []
+        #: id(iterator) -> what it was made from (``_Made``), for the live
+        #: loader iterators
+        self._iters: dict[int, _Made] = {}
+        #: at the resume point: (loader's weakref, batches handed out, the
+        #: states its epoch was made from, the epochs before (persistent
+        #: workers), a ``StatefulDataLoader``'s own ``state_dict()`` or None)
+        self._loaders: list[tuple[Any, int, dict[str, Any], tuple, Any]] = []
         #: where the program called ``optimizer.step()`` (``_caller``)
         self._site: tuple[tuple[Any, int], ...] = ()
         self._py: Any = False  # (a _RawMT, None, or False: not looked for yet)
@@ -185,9 +187,9 @@ class Keeper:
         return out
 
     def _keep_loaders(self) -> None:
-        self._loaders = [(loader, it._num_yielded, made)
-                         for ref, loader, made in self._iters.values()
-                         if (it := ref()) is not None]
+        self._loaders = [(made.loader, it._num_yielded, made.made, tuple(made.epochs),
+                          _own_state(it) if made.own else None)
+                         for made in self._iters.values() if (it := made.it()) is not None]
 
     def _keep_own(self) -> None:
         states = {}
@@ -259,9 +261,26 @@ class Keeper:
             def gone(_: Any) -> None:
                 iters.pop(key, None)
 
-            iters[key] = (weakref.ref(it, gone), weakref.ref(loader), made)
+            # (a ``StatefulDataLoader``'s with workers: its ``state_dict()``
+            # comes from the snapshots the workers already sent, ~1 us)
+            own = getattr(loader, "num_workers", 0) > 0 and _is_stateful(loader)
+            iters[key] = _Made(weakref.ref(it, gone), weakref.ref(loader), made, own)
         except TypeError:
             pass
+
+    def on_reset(self, it: Any, loader: Any) -> None:
+        """A persistent-workers iterator starts its next epoch (``_reset``):
+        the epoch that ends is kept, the new one's states taken."""
+        known = self._iters.get(id(it))
+        if known is None or known.it() is not it:
+            return
+        try:
+            made = _states(loader)
+        except Exception:  # (this loader is no longer kept)
+            del self._iters[id(it)]
+            return
+        known.epochs.append((known.made, it._num_yielded))
+        known.made = made
 
     # -- what the checkpoint gets ----------------------------------------------
 
@@ -278,12 +297,21 @@ class Keeper:
     def loader_state(self, loader: Any) -> dict[str, Any] | None:
         """``{"batches": n, "made": states, "workers": w}`` for ``loader`` at
         the resume point (None: it was not being iterated then); its last
-        iterator's where it had several."""
+        iterator's where it had several.  With ``"epochs"`` (a list of
+        ``{"made", "batches"}``) where persistent workers went through
+        earlier epochs, and a ``StatefulDataLoader``'s own ``"state_dict"``
+        at that point."""
         out = None
-        for ref, batches, made in self._loaders:
+        for ref, batches, made, epochs, own in self._loaders:
             if ref() is loader:
                 out = {"batches": batches, "made": made,
                        "workers": getattr(loader, "num_workers", 0)}
+                if epochs:
+                    out["epochs"] = [{"made": m, "batches": n} for m, n in epochs]
+                if own is None and _is_stateful(loader) and not epochs:
+                    own = _stateful_state(loader, made, batches)
+                if own is not None:
+                    out["state_dict"] = own
         return out
 
     def loop(self) -> dict[str, Any] | None:
@@ -312,6 +340,23 @@ class Keeper:
 
 #: steps between two looks for the program's own generators
 _FIND_EVERY = 4096
+
+
+class _Made:
+    """A live loader iterator, and the states its epochs were made from."""
+
+    __slots__ = ("it", "loader", "made", "epochs", "own")
+
+    def __init__(self, it: Any, loader: Any, made: dict[str, Any], own: bool) -> None:
+        self.it = it  # (weakrefs, to the iterator and its loader)
+        self.loader = loader
+        #: the states the current epoch was drawn from
+        self.made = made
+        #: the epochs before, with persistent workers: (states, batches taken)
+        self.epochs: list[tuple[dict[str, Any], int]] = []
+        #: a ``StatefulDataLoader`` with workers: its own ``state_dict()`` is
+        #: kept at the resume point
+        self.own = own
 
 
 class _Own:
@@ -549,18 +594,64 @@ def keep_steps(module: Any = None) -> None:
 
 def keep_loaders(module: Any = None) -> None:
     """Once ``torch.utils.data.dataloader`` is imported: the states a new
-    iterator is made from, the first batch asked for after a step, and an
-    armed loader's resume."""
+    iterator (or a persistent-workers iterator's next epoch) is made from,
+    the first batch asked for after a step, and an armed loader's resume."""
     if "loaders" in _installed:
         return
     if module is None:
         import torch.utils.data.dataloader as module  # lazy: 1.4 s
     loader_cls = getattr(module, "DataLoader", None)
     base = getattr(module, "_BaseDataLoaderIter", None)
-    if loader_cls is None or base is None or "__next__" not in base.__dict__:
+    if loader_cls is None or base is None or "__next__" not in base.__dict__ \
+            or "_reset" not in base.__dict__:
         return
-    get_iterator = loader_cls._get_iterator
     next_ = base.__next__
+    reset = base._reset
+
+    def __next__(self):
+        if not KEEPER._stepped:
+            return next_(self)
+        # the loop's header, after a step: kept; again at the next one until
+        # a batch comes (an epoch's end: the next epoch's first batch is it)
+        KEEPER.on_header(self)
+        item = next_(self)
+        KEEPER._stepped = False
+        return item
+
+    def _reset(self, loader, first_iter=False):
+        if not first_iter:  # (persistent workers: the same iterator's next epoch)
+            KEEPER.on_reset(self, loader)
+        return reset(self, loader, first_iter)
+
+    __next__.__qualname__ = f"{base.__qualname__}.__next__"
+    _reset.__qualname__ = f"{base.__qualname__}._reset"
+    __next__._daifu = _reset._daifu = True  # type: ignore[attr-defined]
+    _keep_iterators(loader_cls)
+    base.__next__ = __next__
+    base._reset = _reset
+    _installed.add("loaders")
+
+
+def keep_stateful_loaders(module: Any = None) -> None:
+    """Once torchdata's ``StatefulDataLoader`` is imported: its iterators
+    are kept as a ``DataLoader``'s (it makes its own)."""
+    if "stateful" in _installed:
+        return
+    if module is None:
+        import torchdata.stateful_dataloader.stateful_dataloader as module  # type: ignore[no-redef]  # lazy: 2.9 ms
+    keep_loaders()
+    loader_cls = getattr(module, "StatefulDataLoader", None)
+    if isinstance(loader_cls, type) and "_get_iterator" in loader_cls.__dict__:
+        _keep_iterators(loader_cls)
+    _installed.add("stateful")
+
+
+#: the loader classes whose ``_get_iterator`` is kept -> the original
+_made_by: dict[type, Any] = {}
+
+
+def _keep_iterators(loader_cls: type) -> None:
+    get_iterator = loader_cls._get_iterator  # type: ignore[attr-defined]
 
     def _get_iterator(self):
         armed = self.__dict__.pop("_daifu_resume", None)
@@ -574,22 +665,50 @@ def keep_loaders(module: Any = None) -> None:
         KEEPER.on_made(it, self, made)
         return it
 
-    def __next__(self):
-        if not KEEPER._stepped:
-            return next_(self)
-        # the loop's header, after a step: kept; again at the next one until
-        # a batch comes (an epoch's end: the next epoch's first batch is it)
-        KEEPER.on_header(self)
-        item = next_(self)
-        KEEPER._stepped = False
-        return item
-
     _get_iterator.__qualname__ = f"{loader_cls.__qualname__}._get_iterator"
-    __next__.__qualname__ = f"{base.__qualname__}.__next__"
-    _get_iterator._daifu = __next__._daifu = True  # type: ignore[attr-defined]
-    loader_cls._get_iterator = _get_iterator
-    base.__next__ = __next__
-    _installed.add("loaders")
+    _get_iterator._daifu = True  # type: ignore[attr-defined]
+    _made_by[loader_cls] = get_iterator
+    loader_cls._get_iterator = _get_iterator  # type: ignore[attr-defined]
+
+
+def _own_state(it: Any) -> Any:
+    try:
+        return it.state_dict()
+    except Exception:  # (not kept: the checkpoint goes without it)
+        return None
+
+
+def _is_stateful(loader: Any) -> bool:
+    """A loader with its own ``state_dict`` (torchdata's ``StatefulDataLoader``)."""
+    return callable(getattr(loader, "state_dict", None)) \
+        and callable(getattr(loader, "load_state_dict", None))
+
+
+def _stateful_state(loader: Any, made: dict[str, Any], batches: int) -> Any:
+    """A main-process ``StatefulDataLoader``'s own ``state_dict()`` at the
+    resume point: that of an iterator made again from the same states with
+    the same batches taken by index (nothing loaded); None where that
+    cannot be had (its own ``state_dict()`` there costs ~65 us a batch)."""
+    get_iterator = _made_by.get(type(loader))
+    dataset = getattr(loader, "dataset", None)
+    torch = sys.modules["torch"]
+    if get_iterator is None or isinstance(dataset, torch.utils.data.IterableDataset):
+        return None
+    before = _states(loader)
+    held = loader.__dict__.get("next_iter_state")
+    try:
+        loader.__dict__["next_iter_state"] = None
+        _set_states(loader, made)
+        it = get_iterator(loader)
+        for _ in range(batches):
+            it._next_index()
+        it._num_yielded = batches
+        return it.state_dict()
+    except Exception:
+        return None
+    finally:
+        loader.__dict__["next_iter_state"] = held
+        _set_states(loader, before)
 
 
 def _states(loader: Any) -> dict[str, Any]:
@@ -624,27 +743,37 @@ def _set_states(loader: Any, made: dict[str, Any]) -> None:
 def _resumed_iterator(loader: Any, get_iterator: Any, armed: dict[str, Any]) -> Any:
     """The iterator ``loader`` had at the resume point: made from the same
     states, the batches it had handed out taken again (not loaded where that
-    is safe), and the RNG put back as it is now (the resume point's)."""
+    is safe), and the RNG put back as it is now (the resume point's).  With
+    persistent workers, each epoch before is gone through again, from its
+    own states, so that each worker's RNG is where it was."""
     torch = sys.modules["torch"]
     now = {"torch": torch.default_generator.get_state(), "python": random.getstate()}
     numpy: Any = sys.modules.get("numpy")
     if numpy is not None:
         now["numpy"] = numpy.random.get_state()
-    made = armed["made"]
+    epochs = [*armed.get("epochs", ()), {"made": armed["made"],
+                                        "batches": int(armed.get("batches", 0))}]
     try:
-        _set_states(loader, made)
+        first = epochs[0]["made"]
+        _set_states(loader, first)
         it = get_iterator(loader)
-        KEEPER.on_made(it, loader, made)
-        skip = int(armed.get("batches", 0))
+        KEEPER.on_made(it, loader, first)
         dataset = getattr(loader, "dataset", None)
         iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-        if not iterable and getattr(loader, "num_workers", 0) == 0 and hasattr(it, "_next_index"):
-            for _ in range(skip):
-                it._next_index()  # (the sampler's order, nothing loaded)
-            it._num_yielded = skip
-        else:
-            for _ in range(skip):
-                next(it)  # (each worker loads what it loaded before: its RNG follows)
+        by_index = not iterable and getattr(loader, "num_workers", 0) == 0 \
+            and hasattr(it, "_next_index")
+        for n, epoch in enumerate(epochs):
+            if n:  # (the ``_reset`` kept: the history is made again as it was)
+                _set_states(loader, epoch["made"])
+                it._reset(loader)
+            skip = int(epoch["batches"])
+            if by_index:
+                for _ in range(skip):
+                    it._next_index()  # (the sampler's order, nothing loaded)
+                it._num_yielded = skip
+            else:
+                for _ in range(skip):
+                    next(it)  # (each worker loads what it loaded before: its RNG follows)
     finally:
         KEEPER._stepped = True  # (the skipped batches' headers were not the program's)
         torch.default_generator.set_state(now["torch"])
@@ -720,6 +849,9 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
                               f"{kind[:-1]}: {type(exc).__name__}: {exc}".split("\n")[0]) \
                 from exc
     keep_loaders()  # (plain python too: the armed loader needs its hook)
+    stateful = sys.modules.get("torchdata.stateful_dataloader.stateful_dataloader")
+    if stateful is not None:
+        keep_stateful_loaders(stateful)
     restore_rng(ck)
     for kind, obj, entry in plan:
         if kind == "loader" and entry.get("batches") is not None:
