@@ -226,3 +226,21 @@ PREEMPTED_DDP = textwrap.dedent('''
         torch.save(model.module.state_dict(), args.out)
     dist.destroy_process_group()
 ''')
+
+#: ``PREEMPTED_DDP`` sharded with FSDP2 (``fully_shard``: the parameters and
+#: Adam's state are ``DTensor`` shards), its final parameters gathered whole
+PREEMPTED_FSDP = PREEMPTED_DDP.replace(
+    "model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)))\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n",
+    "from torch.distributed.device_mesh import init_device_mesh\n"
+    "from torch.distributed.fsdp import fully_shard\n"
+    "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))\n"
+    "mesh = init_device_mesh('cpu', (dist.get_world_size(),))\n"
+    "fully_shard(model[0], mesh=mesh)\n"
+    "fully_shard(model[3], mesh=mesh)\n"
+    "fully_shard(model, mesh=mesh)\n"
+    "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n").replace(
+    "if rank == 0:\n    torch.save(model.module.state_dict(), args.out)",
+    "full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # (a collective)\n"
+    "if rank == 0:\n    torch.save(full, args.out)")
+assert "fully_shard" in PREEMPTED_FSDP and "full_tensor" in PREEMPTED_FSDP

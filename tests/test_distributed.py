@@ -17,6 +17,7 @@ pytest.importorskip("torch", reason="PyTorch not available")
 
 from .support import (  # noqa: E402
     PREEMPTED_DDP,
+    PREEMPTED_FSDP,
     assert_identical,
     load_params,
     read_events,
@@ -852,6 +853,53 @@ def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resum
     other = torchrun(["train.py", "--resume", manifests[0]["path"]], tmp_path, nproc=1)
     assert other.returncode != 0
     assert "holds a job of 2 ranks; this one has 1" in other.stderr
+
+
+def test_sigterm_to_an_fsdp_job_writes_its_shards_with_dcp_and_resumes_exactly(tmp_path):
+    """A preempted FSDP2 job: at the step every rank agreed on, the ranks
+    write their sharded model and Adam state together into one
+    ``torch.distributed.checkpoint`` directory (rank 0's ``.metadata`` and a
+    ``.distcp`` file per rank), each rank's file keeps the rest and names
+    it; resumed from the manifest, the job ends bit-identical."""
+    import signal
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    (tmp_path / "ref.py").write_text(PREEMPTED_FSDP)
+    (tmp_path / "train.py").write_text(PREEMPTED_FSDP)
+    ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = _launch_until(tmp_path, ["--pause", "0.05"], "step 0 2")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
+                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
+    assert all(len(v) == 1 for v in saved.values()), (saved, err[-3000:])
+    shards = {saved[r][0]["sharded"] for r in (0, 1)}
+    assert len(shards) == 1 and shards != {""}, saved  # (one directory, for both)
+    directory = Path(shards.pop())
+    assert sorted(p.name for p in directory.iterdir()) == [".metadata", "__0_0.distcp",
+                                                           "__1_0.distcp"]
+    for r in (0, 1):
+        ck = torch.load(saved[r][0]["path"], weights_only=False)
+        assert ck["sharded"]["modules"] == ["model"] and ck["sharded"]["optimizers"] == ["opt"]
+        assert ck["modules"]["model"] == {"daifu.dcp": True}  # (not in the rank's file)
+    # what DCP wrote names every parameter and Adam's state by its name
+    keys = set(dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+    assert {"modules.model.0.weight", "optimizers.opt.state.0.weight.exp_avg"} <= keys, keys
+    manifest = next(e for e in read_events(tmp_path / "events-0.jsonl")
+                    if e["event"] == "checkpoint.manifest")
+    assert manifest["consistent"], manifest
+    resumed = plain_torchrun(["train.py", "--resume", manifest["path"], "--out", "live.pt"],
+                             tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "torch.distributed is disabled" not in resumed.stderr
+    assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
 
 
 HANGS_AT_3 = PREEMPTED_DDP.replace(

@@ -560,3 +560,55 @@ def test_the_files_of_a_rank_killed_by_sigterm_are_removed(tmp_path, monkeypatch
         (run / name).chmod(0o600)
     assert running_jobs() == []
     assert sorted(p.name for p in run.iterdir()) == [f"{os.getpid()}.stacks"]  # (alive: kept)
+
+
+class _MemoryStore:
+    """The part of a c10d store a ``Boundary`` uses, in memory."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+
+    def set(self, name, value):
+        self.values[name] = value.encode() if isinstance(value, str) else value
+
+    def get(self, name):
+        return self.values[name]
+
+    def check(self, names):
+        return all(n in self.values for n in names)
+
+
+@pytest.mark.parametrize(("have", "late", "expected"), [
+    ((True, True, True), None, "ck/job.dcp"),  # every rank holds shards: DCP, rank 0's
+    ((True, False, True), None, None),         # one rank holds none: each file its own
+    ((True, True, True), 2, None),             # one rank never says in time: the same
+])
+def test_the_ranks_agree_on_one_dcp_directory_or_on_none(have, late, expected):
+    """``Boundary.shards``: a collective DCP save only where every rank said
+    it holds sharded state at the agreed step; whatever rank 0 decides,
+    every rank that waits learns it (none is left alone in the collective)."""
+    import threading
+
+    from daifu.engine.remote._boundary import Boundary
+
+    store, key = _MemoryStore(), os.urandom(32)
+    got: dict[int, object] = {}
+
+    def rank(r: int) -> None:
+        b = Boundary(store, key, "job", 3, r)
+        if r == late:
+            time.sleep(1.0)  # (after rank 0 gave up waiting)
+        got[r] = b.shards(7, have[r], "ck/job.dcp" if r == 0 else None,
+                          0.5 if r == 0 else 5.0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    answers = {r: got[r] for r in range(3)}
+    assert answers == {0: expected, 1: expected if have[1] else None, 2: expected}
+    # a forged or stale decision (another step) is not taken
+    b = Boundary(store, key, "job", 3, 1)
+    store.set(b._name("shards", None), "forged")
+    assert b.shards(7, True, None, 0.2) is None

@@ -397,6 +397,8 @@ class CheckpointSaved(Event):
     position: dict
     #: the checkpoints a Lightning or HF Trainer on the stack saved itself
     frameworks: dict = field(default_factory=dict)
+    #: the directory where DCP wrote the job's sharded state (FSDP2, DTensor)
+    sharded: str = ""
 
 
 @event

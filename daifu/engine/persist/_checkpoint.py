@@ -35,6 +35,7 @@ from ..._private import check_private
 from ..._version import __version__
 from ...cells import original_code
 from .._job import distributed
+from ._sharded import MARK, plan
 
 #: state above this size is announced with an estimate before the save
 LARGE_BYTES = 1 << 30
@@ -279,14 +280,20 @@ def _nbytes(state: Any) -> int:
     return 0
 
 
-def _state(found: dict[str, Any], point: Any, say: Any) -> dict[str, Any]:
-    """Each object's ``state_dict()``, and the resume point's RNG, loader
-    positions, loop and generators (as they are now without one)."""
+def _state(found: dict[str, Any], point: Any, say: Any,
+           sharded: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each object's ``state_dict()`` (or, for one whose state ``sharded``
+    says DCP wrote, a mark), and the resume point's RNG, loader positions,
+    loop and generators (as they are now without one)."""
     torch = sys.modules["torch"]
     state: dict[str, Any] = {}
     for kind, named in found["objects"].items():
         state[kind] = {}
+        in_dcp = (sharded or {}).get(kind) or ()
         for name, obj in named.items():
+            if name in in_dcp:
+                state[kind][name] = {MARK: True}
+                continue
             try:
                 state[kind][name] = obj.state_dict()
             except Exception as exc:  # one object that cannot say its state
@@ -304,24 +311,32 @@ def _state(found: dict[str, Any], point: Any, say: Any) -> dict[str, Any]:
     state["loop"] = point.loop() if point is not None else None
     # the program's own generators (``env._np_random``, ``dataset.rng``)
     state["generators"] = point.generators() if kept is not None else {}
+    if sharded is not None:
+        state["sharded"] = sharded
     return state
 
 
 def save(frame: types.FrameType | None, where: str, exception: BaseException | None,
          directory: str | None = None, path: str | None = None, read_locals=None,
-         say=None, extra: dict[str, Any] | None = None, point: Any = None
-         ) -> dict[str, Any] | None:
+         say=None, extra: dict[str, Any] | None = None, point: Any = None,
+         shards: Any = None) -> dict[str, Any] | None:
     """Collect and write the checkpoint; returns ``{"path", "bytes", "seconds",
-    "objects", "position"}``, or None when there is nothing to save.  Raises
-    ``CheckpointError`` (nothing written) when it cannot be written.
-    ``point``: the resume point (``_resume.KEEPER``), or None for the RNG as
-    it is now and no loader positions."""
+    "objects", "position", "frameworks", "sharded"}``, or None when there is
+    nothing to save.  Raises ``CheckpointError`` (nothing written) when it
+    cannot be written.  ``point``: the resume point (``_resume.KEEPER``), or
+    None for the RNG as it is now and no loader positions.  ``shards``: in
+    a preempted job, called with the sharded objects (``_sharded.plan``, or
+    None) to write them with DCP; returns the entry naming what it wrote, or
+    None (they go into this file)."""
     found = collect(frame, read_locals)
     if found is None:
         return None
 
     objects = found["objects"]
-    state = _state(found, point, say)
+    sharded = None
+    if shards is not None:
+        sharded = shards(plan(objects))
+    state = _state(found, point, say, sharded)
     state["format"] = FORMAT
     state["position"] = found["position"]
     state["where"] = where
@@ -355,7 +370,8 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     names = {kind: sorted(named) for kind, named in objects.items() if named}
     seconds = time.perf_counter() - started
     return {"path": path, "bytes": os.path.getsize(path), "seconds": seconds,
-            "objects": names, "position": found["position"], "frameworks": frameworks}
+            "objects": names, "position": found["position"], "frameworks": frameworks,
+            "sharded": (sharded or {}).get("dir", "")}
 
 
 def _write(state: dict[str, Any], path: str, size: int) -> None:

@@ -41,7 +41,7 @@ import types
 
 from ..._version import __version__
 from ...cells import cells_of, original_code, read_locals
-from .._events import CheckpointFailed, CheckpointSaved, ManifestSaved, emit
+from .._events import CheckpointFailed, CheckpointNote, CheckpointSaved, ManifestSaved, emit
 from ._resume import KEEPER, MANIFEST_FORMAT
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -63,6 +63,9 @@ _boundary: Any = None
 _fork_hook = False
 #: what rank 0 leaves for the others to say where they saved, of the grace (s)
 _MANIFEST_MARGIN_S = 3.0
+#: how long rank 0 waits for every rank to say it holds sharded state at
+#: the agreed step (``Boundary.shards``), at most
+_SHARDS_WAIT_S = 5.0
 
 
 def install(engine: Any, grace: float = DEFAULT_GRACE_S, boundary: Any = None) -> bool:
@@ -255,14 +258,21 @@ def _training_loop_frame(frame: types.FrameType | None) -> tuple[types.FrameType
     return None
 
 
-def _save(frame: types.FrameType | None, state: str, reason: str = "SIGTERM") -> str | None:
-    """Save; the file's path, or None (nothing to save, or it failed: said)."""
+def _save(frame: types.FrameType | None, state: str, reason: str = "SIGTERM",
+          shards: Any = None) -> str | None:
+    """Save; the file's path, or None (nothing to save, or it failed: said).
+    ``shards``: see ``_checkpoint.save``."""
     from ._checkpoint import CheckpointError, save  # lazy: 14.3 ms
 
     where = (f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?")
+
+    def say(message: str) -> None:
+        emit(CheckpointNote(where=where, message=message))
+
     try:
         done = save(frame, where, None, _engine.checkpoint_dir, read_locals=read_locals,
-                    extra={"reason": reason, "state": state}, point=KEEPER)
+                    say=say, extra={"reason": reason, "state": state}, point=KEEPER,
+                    shards=shards)
     except CheckpointError as exc:
         emit(CheckpointFailed(where=where, reason=str(exc)))
         return None
@@ -275,7 +285,7 @@ def _save(frame: types.FrameType | None, state: str, reason: str = "SIGTERM") ->
     emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
                          seconds=round(done["seconds"], 3), objects=done["objects"],
                          position={**done["position"], "state": state},
-                         frameworks=done["frameworks"]))
+                         frameworks=done["frameworks"], sharded=done["sharded"]))
     return str(done["path"])
 
 
@@ -285,8 +295,13 @@ def _save_in_job(frame: types.FrameType | None, state: str, boundary: Any, step:
     ranks agreed where to save, rank 0 then writes the job's manifest of
     every rank's file.  Without that agreement (the loop's frame ended
     first, a peer failed and never posted, the grace ran out) each file
-    stands alone and nobody waits for the others.  This rank's file, or None."""
-    path = _save(frame, state, reason)
+    stands alone and nobody waits for the others.  This rank's file, or None.
+    At the agreed header, sharded state goes into one DCP directory for
+    the job (``_sharded``)."""
+    at_target = state == "iteration-complete" and boundary.target is not None \
+        and step == boundary.target
+    path = _save(frame, state, reason,
+                 _shards_at(boundary, step, deadline) if at_target else None)
     try:
         boundary.saved(path, step, state)
         if boundary.rank != 0 or boundary.target is None:
@@ -298,6 +313,38 @@ def _save_in_job(frame: types.FrameType | None, state: str, boundary: Any, step:
     if path is not None:
         _write_manifest(path, boundary, step, ranks, reason)
     return path
+
+
+def _shards_at(boundary: Any, step: int, deadline: float) -> Any:
+    """``_checkpoint.save``'s ``shards`` at the header every rank saves at:
+    the ranks agree through the store (``Boundary.shards``) on one DCP
+    directory, rank 0's, and write into it together."""
+    from ._checkpoint import _file_name, default_directory  # lazy: 14.3 ms
+    from ._sharded import ShardError, write  # lazy: 0.3 ms
+
+    def shards(plan: Any) -> dict[str, Any] | None:
+        directory = None
+        if boundary.rank == 0 and plan is not None:
+            directory = os.path.join(os.path.abspath(_engine.checkpoint_dir
+                                                     or default_directory()),
+                                     os.path.splitext(_file_name())[0] + ".dcp")
+        left = deadline - time.monotonic() - _MANIFEST_MARGIN_S
+        wait = min(_SHARDS_WAIT_S, left / 4) if boundary.rank == 0 else left / 2
+        try:
+            chosen = boundary.shards(step, plan is not None, directory, wait)
+        except Exception as exc:  # (the store gone: each file holds its own)
+            emit(CheckpointNote(where="sharded state", message=f"the job's store: {exc}"))
+            return None
+        if chosen is None or plan is None:
+            return None
+        try:
+            return write(plan, chosen)
+        except ShardError as exc:
+            emit(CheckpointNote(where="sharded state", message=f"{exc}; this rank's file "
+                                "holds its shards instead"))
+            return None
+
+    return shards
 
 
 def _write_manifest(path0: str, boundary: Any, step: int, ranks: dict[int, dict | None],

@@ -49,6 +49,8 @@ import weakref
 from ..._version import __version__
 from ...cells import original_code, read_locals
 from .._job import placeholders
+from ._sharded import MARK, ShardError
+from ._sharded import load as load_shards
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -807,6 +809,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     torch = sys.modules.get("torch")
     loader_cls = torch.utils.data.DataLoader if torch is not None else None
     plan: list[tuple[str, Any, Any]] = []
+    sharded: dict[str, dict[str, Any]] = {}
     generators = ck.get("generators") or {}
     for name, obj in objects.items():
         if obj is None:
@@ -833,12 +836,29 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
             raise ResumeError(f"{name}={type(obj).__name__}: daifu restores modules, "
                               "optimizers, LR schedulers, GradScalers, DataLoaders and "
                               "the generators the checkpoint holds (none under this name)")
-        state = _pick(ck.get(kind) or {}, name, kind, path)
+        saved_name = _pick_name(ck.get(kind) or {}, name, kind, path)
+        state = (ck.get(kind) or {}).get(saved_name)
+        if isinstance(state, dict) and MARK in state:  # (in the job's DCP directory)
+            sharded.setdefault(kind, {})[saved_name] = obj
+            continue
         if state is None:
             raise ResumeError(f"{name}: its state_dict() failed when {path} was saved: "
                               "nothing to restore it from")
         plan.append((kind, obj, state))
-    # (every object checked before any is changed: a mismatch changes nothing)
+    # (every object checked before any is changed: a mismatch changes nothing;
+    # but DCP fills the sharded ones in place: a failure there can leave
+    # them half set)
+    if sharded:
+        entry = ck.get("sharded") or {}
+        directory = str(entry.get("dir") or "")
+        if not os.path.isdir(directory):  # (the checkpoints moved together)
+            directory = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                     os.path.basename(directory))
+        try:
+            load_shards(entry, directory, sharded.get("modules", {}),
+                        sharded.get("optimizers", {}))
+        except ShardError as exc:
+            raise ResumeError(f"{path}: {exc}") from None
     for kind, obj, state in plan:
         if kind in ("loader", "generator"):
             continue
@@ -913,10 +933,16 @@ def _kind(obj: Any, torch: Any) -> str | None:
 
 
 def _pick(saved: dict[str, Any], name: str, kind: str, path: str) -> Any:
+    return saved[_pick_name(saved, name, kind, path)]
+
+
+def _pick_name(saved: dict[str, Any], name: str, kind: str, path: str) -> str:
+    """The name in the checkpoint of what the program passes as ``name``:
+    the same, or the only one of its kind."""
     if name in saved:
-        return saved[name]
+        return name
     if len(saved) == 1:
-        return next(iter(saved.values()))
+        return next(iter(saved))
     held = ", ".join(sorted(saved)) or "none"
     raise ResumeError(f"{name}: {path} holds no {kind[:-1]} by that name "
                       f"(its {kind}: {held}); pass it by one of those names")

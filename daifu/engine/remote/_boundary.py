@@ -99,6 +99,38 @@ class Boundary:
         self.target = step + 1
         return self.target
 
+    def shards(self, step: int, have: bool, directory: str | None,
+               wait_s: float) -> str | None:
+        """Where the job's sharded state is written with DCP (a collective)
+        at ``step``, or None: each rank's file holds its own.  Every rank
+        says whether it holds sharded state (``have``); rank 0 names its
+        ``directory`` once every rank said yes at that step within
+        ``wait_s``, else None; the others wait up to ``wait_s`` for that.
+        (A rank that gave up waiting while rank 0 chose DCP would leave rank
+        0 alone in the collective: the others wait longer than rank 0.)"""
+        self._set("shards-ready", self.rank, {"step": step, "have": have})
+        deadline = time.monotonic() + max(0.0, wait_s)
+        if self.rank == 0:
+            chosen = directory if have else None
+            while chosen is not None:
+                said = [self._get("shards-ready", r) for r in range(self.world)]
+                if any(v is not None and (v.get("step") != step or not v.get("have"))
+                       for v in said) or time.monotonic() >= deadline:
+                    chosen = None
+                elif all(v is not None for v in said):
+                    break
+                else:
+                    time.sleep(0.05)
+            self._set("shards", None, {"step": step, "dir": chosen})
+            return chosen
+        while True:
+            got = self._get("shards", None)
+            if got is not None:
+                return got.get("dir") if got.get("step") == step and have else None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
     def saved(self, path: str | None, step: int, state: str) -> None:
         """Where this rank saved (None: it could not)."""
         self._set("saved", self.rank, {"path": path, "step": step, "state": state,
