@@ -242,5 +242,10 @@ PREEMPTED_FSDP = PREEMPTED_DDP.replace(
     "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n").replace(
     "if rank == 0:\n    torch.save(model.module.state_dict(), args.out)",
     "full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # (a collective)\n"
-    "if rank == 0:\n    torch.save(full, args.out)")
-assert "fully_shard" in PREEMPTED_FSDP and "full_tensor" in PREEMPTED_FSDP
+    "if rank == 0:\n    torch.save(full, args.out)").replace(
+    "    print(f\"resumed {rank} {position}\", flush=True)",
+    "    print(f\"resumed {rank} {position}\", flush=True)\n"
+    "    at = {k: v.full_tensor() for k, v in model.state_dict().items()}\n"
+    "    if rank == 0:\n"
+    "        torch.save(at, 'at-resume.pt')  # (the parameters as resumed, whole)")
+assert "fully_shard" in PREEMPTED_FSDP and "at-resume.pt" in PREEMPTED_FSDP

@@ -900,6 +900,13 @@ def test_sigterm_to_an_fsdp_job_writes_its_shards_with_dcp_and_resumes_exactly(t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "torch.distributed is disabled" not in resumed.stderr
     assert_identical(load_params(tmp_path / "live.pt"), load_params(tmp_path / "ref.pt"))
+    # an ordinary DCP checkpoint: read here into the model unsharded, in one
+    # process (another shape), it holds what the job resumed from
+    whole = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(16, 1))
+    state = {"modules": {"model": whole.state_dict()}}
+    dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    assert_identical(state["modules"]["model"], load_params(tmp_path / "at-resume.pt"))
 
 
 HANGS_AT_3 = PREEMPTED_DDP.replace(
