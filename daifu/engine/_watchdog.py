@@ -371,23 +371,18 @@ def name_the_hang(verdict: dict[str, Any], beats: dict[int, dict],
                   answers: dict[int, dict]) -> tuple[int | None, str, str]:
     """(the rank that is behind, its line, what the others wait in), from the
     verdict, the beats and the doctor's answers (``stacks``)."""
-    from .remote._doctor import _short  # lazy: 1.5 ms
+    from .remote._doctor import _short, behind_in  # lazy: 1.5 ms
 
     silent = sorted(r for r, (kind, _) in verdict["quiet"].items() if kind == "silent")
     recorded = {r: a["collectives"] for r, a in answers.items()
                 if isinstance(a.get("collectives"), list)}
     behind: int | None = None
     waiting = ""
-    if len(recorded) > 1:
-        last: dict[int, dict | None] = {}
-        for r, cs in recorded.items():
-            default = [c for c in cs if c.get("pg") == "0"] or cs
-            last[r] = default[-1] if default else None
-        top = max((c["seq"] for c in last.values() if c is not None), default=0)
-        late = sorted(r for r, c in last.items() if c is None or c["seq"] < top)
-        ahead = [c for c in last.values() if c is not None and c["seq"] == top]
+    if len(recorded) > 1:  # (the default process group's, where there is one)
+        late, ahead, last = behind_in({r: [c for c in cs if c.get("pg") == "0"] or cs
+                                       for r, cs in recorded.items()})
         if late and ahead:
-            behind, waiting = late[0], _short(ahead[0])
+            behind, waiting = late[0], _short(last[ahead[0]])
     if behind is None and silent:
         behind = silent[0]
     if behind is None:  # (no recorder: the rank whose main thread is not in torch.distributed)

@@ -34,6 +34,17 @@ def _short(c: dict) -> str:
             + (f" {sizes}" if sizes not in (None, [], [[]]) else "") + f" at {c['where']}")
 
 
+def behind_in(collectives: dict[int, list[dict]]) -> tuple[list[int], list[int], dict]:
+    """In one process group's records of each rank (its collectives, in
+    order): the ranks behind, the ranks ahead (at the highest sequence
+    number), and each rank's last collective (None: none yet)."""
+    last = {r: (cs[-1] if cs else None) for r, cs in collectives.items()}
+    top = max((c["seq"] for c in last.values() if c is not None), default=0)
+    ahead = sorted(r for r, c in last.items() if c is not None and c["seq"] == top)
+    late = sorted(r for r, c in last.items() if c is None or c["seq"] < top)
+    return late, ahead, last
+
+
 def diagnose(answers: dict[int, dict]) -> list[str]:
     """What is out of step in a job, from its ranks' ``stacks`` answers."""
     lines: list[str] = []
@@ -43,15 +54,12 @@ def diagnose(answers: dict[int, dict]) -> list[str]:
         groups = sorted({c["pg"] for cs in recorded.values() for c in cs})
         for pg in groups:
             mine = {r: [c for c in cs if c["pg"] == pg] for r, cs in recorded.items()}
-            last = {r: (cs[-1] if cs else None) for r, cs in mine.items()}
-            top = max((c["seq"] for c in last.values() if c is not None), default=0)
-            ahead = [r for r, c in last.items() if c is not None and c["seq"] == top]
-            behind = sorted(r for r, c in last.items() if c is None or c["seq"] < top)
+            late, ahead, last = behind_in(mine)
             label = f"process group {pg}"
-            if behind and ahead:
+            if late and ahead:
                 sample = last[ahead[0]]
                 assert sample is not None  # (ahead ranks have entries)
-                for r in behind:
+                for r in late:
                     theirs = last[r]
                     had = _short(theirs) if theirs is not None else "none yet"
                     lines.append(f"rank {r} is behind in {label}: its last collective is {had}; "
