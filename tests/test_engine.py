@@ -497,6 +497,55 @@ def test_a_route_to_an_except_tuple_or_through_a_with_is_remembered_and_checked(
     assert ns["through_with"]({}, 1) == "fixed" and fixed == ["lookup", "watched"]
 
 
+THROUGH_C = '''
+class Lazy:
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+class Proxy:
+    def __getattr__(self, name):
+        return object.__getattribute__(self, "_" + name)
+
+def probe(a, name):
+    return hasattr(a, name)
+
+def fetch(a, name):
+    value = None
+    value = getattr(a, name)
+    return value
+'''
+
+
+@pytest.mark.parametrize("kind", ["Lazy", "Proxy"])
+def test_an_exception_left_for_c_code_takes_its_route_and_is_still_judged_above(
+        barrier_calls, kind):
+    # ``hasattr`` on a ``__getattr__`` that raises: C code catches it.  The
+    # first one is searched; the next ones take its route: from a ``raise``
+    # (Lazy: nothing can be done at that cell, whoever calls it), or left
+    # for C code at ``probe``'s call (Proxy: its statement could be retried;
+    # ``probe`` is vaccinated).  Through ``getattr`` without a default, C
+    # lets it go: ``fetch`` judges it (a crash there), as before
+    _mode, judged, _called = barrier_calls
+    ns = vaccinate(THROUGH_C)
+    seen = []
+
+    @daifu.on(AttributeError)
+    def fix(crash):
+        seen.append(crash.function)
+        return daifu.SKIP
+
+    a = ns[kind]()
+    assert [ns["probe"](a, "x") for _ in range(4)] == [False] * 4
+    assert judged == ["__getattr__"], judged
+    assert ns["fetch"](a, "x") is None and seen == ["fetch"]
+    # (Lazy's route holds at any call site; Proxy's is another site's)
+    assert judged == ["__getattr__"] + (["__getattr__"] if kind == "Proxy" else []) + ["fetch"]
+    judged.clear()
+    assert [ns["probe"](a, "y") for _ in range(3)] == [False] * 3
+    # (the retry is over: Proxy's site is searched once more)
+    assert judged == ([] if kind == "Lazy" else ["__getattr__"]), judged
+
+
 MODULE_EAFP = '''
 d, hits = {}, 0
 for i in range(50):

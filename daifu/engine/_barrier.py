@@ -13,8 +13,9 @@ from ..cells import INFOS as _INFOS
 from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
 from ._engine import ENGINE
 from ._fastpath import ROUTES, passing, remember_route
-from ._guards import caught_above, take_passing
+from ._guards import caught_above, take_passing, take_through
 from ._signals import deliver, hold, release
+from .human._break import is_break
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -83,6 +84,8 @@ def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | t
                     break
             else:  # what its ``except name:`` holds now (``LOAD_GLOBAL``)
                 name, g = route[3], f.f_globals
+                if name is None:  # (into C code at the caller's call, as before)
+                    return RAISE_CODE
                 if type(name) is str:
                     held = (g[name] if name in g else f.f_builtins.get(name)) is route[4]
                 else:  # ``except (A, B):``: each name (a loop: a generator costs ~1 us)
@@ -154,6 +157,15 @@ def _judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
                 # exception passes, and catches it or not -- handled either way)
                 if taken[1] is not None and all(type(g) is WithGuard for g in cell.guards):
                     remember_route(ref, exc, frame, taken[0], taken[1])
+            elif quiet and not cell.guards and not is_break(exc):
+                if not (cell.can_retry or cell.can_skip or cell.can_continue):
+                    # (nothing can be done at this cell: a ``raise``; the next
+                    # vaccinated caller decides, whatever the exception)
+                    remember_route(ref, exc, frame, None, ((), None, None))
+                else:
+                    through = take_through()  # (left for C code that may catch it)
+                    if through is not None:
+                        remember_route(ref, exc, frame, None, ((through,), None, None))
             return RAISE_CODE
         if len(answer) == 1:  # raised by the stub's re-raise: add this frame's entry
             new = answer[0]

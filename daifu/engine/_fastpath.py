@@ -69,11 +69,13 @@ RUNTIME.on_reset(ROUTES.clear)
 RUNTIME.on_drop(ROUTES.clear)
 
 
-def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType, stub: tuple,
-                   route: tuple) -> None:
+def remember_route(ref: tuple, exc: BaseException, frame: types.FrameType,
+                   stub: tuple | None, route: tuple) -> None:
     """Keep the route ``take_passing`` gave for exceptions like ``exc``
     raised in the cell ``ref`` names, in ``frame`` (whose cell has no
     handler of its own around it: the caller's check makes it so), to the
-    frame whose stub loads ``stub``."""
+    frame whose stub loads ``stub``; or (``stub`` and the handler's name
+    None) the call site where ``take_through`` found it to leave for C
+    code that may catch it."""
     hops, name, cls = route
     ROUTES[ref] = (type(exc), frame.f_code, hops, name, cls, stub)

@@ -327,6 +327,12 @@ class _Memo(threading.local):
     #: with the route to it when it can be remembered (``take_passing``,
     #: ``remember_route``)
     passing: tuple | None = None
+    #: the call site (code, offset) of the first caller, where the
+    #: exception ``handled_above`` last looked at leaves its frame into C
+    #: code that may catch it, that caller vaccinated (``hasattr`` on a
+    #: ``__getattr__`` that raises), when nothing above caught it: its route
+    #: (``take_through``, ``remember_route``)
+    through: tuple | None = None
 
 
 _seen = _Memo()
@@ -384,19 +390,15 @@ def caught_above(exc: BaseException, frame: types.FrameType) -> bool:
 
 
 def handled_above(frame: types.FrameType, exc: BaseException, targets: Container[str]) -> bool:
-    """True if a caller would catch the exception -- or might, and a vaccinated caller
-    reachable through target-file frames only will see it if nothing does (its
-    barrier then decides with full knowledge).
-
-    An exception the program catches N vaccinated frames up passes N barriers; the
-    first finds the frame that surely catches it and the others' barriers only check
-    that it came to them from there (``caught_above``: linear, not quadratic, in N).
-
-    Whether a frame was entered from C (where C code might catch) is read only when
-    the answer depends on it: it can turn "nobody catches it" into "a vaccinated
-    caller will decide", never the other way, so a search that finds a catch needs
-    none of those reads (each a layout-checked read of the interpreter frame)."""
-    _seen.caught = _seen.passing = None  # (a search of its own: no memo of another's stands)
+    """True if a caller would catch the exception -- or might, and a vaccinated
+    caller reachable through target-file frames only will see it if nothing
+    does (its barrier then decides with full knowledge).  Of the N barriers an
+    exception caught N frames up passes, the first finds the catching frame;
+    the others only check that it came from there (``caught_above``: linear
+    in N).  Whether a frame was entered from C (which might catch) is read only
+    where the answer depends on it: it can turn "nobody catches it" into "a
+    vaccinated caller will decide", never the other way."""
+    _seen.caught = _seen.passing = _seen.through = None  # (a search of its own)
     transparent = True  # every frame so far belongs to a target file
     plain = True  # every frame so far reached by a call, and surely not catching
     left: list[types.FrameType] = []  # frames left by a call (to their ``f_back``)
@@ -405,6 +407,7 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
     steps = None  # the general path (``_exception_path``), once a coroutine is met
     facts_of = _FACTS.entries.get
     bare = True  # no caller so far had a handler around its call
+    first = None  # the first caller's site, left through C, vaccinated: (code, offset)
     while True:
         if steps is None and not fcode.co_flags & _CO_COROUTINE:
             caller = f.f_back  # (a plain call: the common case, walked here)
@@ -443,6 +446,8 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
         vaccinated_here = transparent and facts[0]
         if vaccinated_here:
             deciding = len(left)
+            if deciding == 1 and steps is None and facts[3] is True and not guards:
+                first = (code, lasti)
         # a library frame's handlers count too when they name the exception
         # (argparse's ``except (TypeError, ValueError)`` around a ``type=``
         # function, unittest's assertRaises, torch.utils.checkpoint's own
@@ -461,8 +466,9 @@ def handled_above(frame: types.FrameType, exc: BaseException, targets: Container
                 if vaccinated_here:
                     return True
                 plain = False
+    _seen.through = first  # (left for C code at the first caller's call: so again next time)
     # C code in between may catch; if not, that caller's barrier decides
-    return bool(deciding) and _through_c(left[:deciding])
+    return first is not None or (bool(deciding) and _through_c(left[:deciding]))
 
 
 def _remember_catch(frame: types.FrameType, exc: BaseException, caller: types.FrameType,
@@ -528,6 +534,13 @@ def _stub_const(code: types.CodeType, offset: int) -> tuple | None:
         if type(const) is tuple and const == want:
             return const
     return None
+
+
+def take_through() -> tuple | None:
+    """The first caller's site ``handled_above`` last found the exception
+    to leave for C code through (``_Memo.through``); forgotten once asked."""
+    taken, _seen.through = _seen.through, None
+    return taken
 
 
 def take_passing() -> tuple | None:

@@ -91,7 +91,11 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
     if (ok) {  /* what ``LOAD_GLOBAL name`` gives in the catching frame now */
         PyObject *name = PyTuple_GET_ITEM(route, 3);
         PyObject *held = PyTuple_GET_ITEM(route, 4);
-        if (PyUnicode_Check(name)) {
+        if (name == Py_None) {
+            /* into C code that may catch it at the caller's call, as before:
+             * nothing passing, no handler of the program's to check */
+        }
+        else if (PyUnicode_Check(name)) {
             ok = held_by(f, name, held);
         }
         else if (PyTuple_Check(name) && PyTuple_Check(held)
@@ -112,6 +116,9 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
     }
     if (!ok) {
         return 0;
+    }
+    if (PyTuple_GET_ITEM(route, 5) == Py_None) {
+        return 1;  /* (left for C code: no stub of the program's lets it pass) */
     }
     /* (a list's items replaced by reference: the old ones are released) */
     PyList_SetItem(passing, 1, Py_NewRef(PyTuple_GET_ITEM(route, 5)));

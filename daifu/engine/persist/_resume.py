@@ -814,17 +814,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     for name, obj in objects.items():
         if obj is None:
             continue
-        # the generators the checkpoint holds under this name or below it
-        # (``env`` -> ``env._np_random``), set on the objects found there
-        for saved, state in generators.items():
-            if saved == name or saved.startswith(name + "."):
-                gen = obj
-                for attr in saved[len(name) + 1:].split(".") if saved != name else ():
-                    gen = getattr(gen, attr, None)
-                if _own_kind(gen) is None:
-                    raise ResumeError(f"{saved}: the checkpoint holds a generator there, "
-                                      f"this program holds {type(gen).__name__}")
-                plan.append(("generator", gen, state))
+        plan += _generators_under(name, obj, generators)
         if _own_kind(obj) is not None or any(k.startswith(name + ".") for k in generators):
             continue
         if loader_cls is not None and isinstance(obj, loader_cls):
@@ -849,16 +839,7 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     # but DCP fills the sharded ones in place: a failure there can leave
     # them half set)
     if sharded:
-        entry = ck.get("sharded") or {}
-        directory = str(entry.get("dir") or "")
-        if not os.path.isdir(directory):  # (the checkpoints moved together)
-            directory = os.path.join(os.path.dirname(os.path.abspath(path)),
-                                     os.path.basename(directory))
-        try:
-            load_shards(entry, directory, sharded.get("modules", {}),
-                        sharded.get("optimizers", {}))
-        except ShardError as exc:
-            raise ResumeError(f"{path}: {exc}") from None
+        _load_sharded(ck, path, sharded)
     for kind, obj, state in plan:
         if kind in ("loader", "generator"):
             continue
@@ -882,6 +863,35 @@ def resume(path: str, map_location: Any = None, **objects: Any) -> dict[str, Any
     KEEPER._stepped = True  # (the first header from here is a resume point)
     position = dict(ck.get("position") or {})
     return position
+
+
+def _generators_under(name: str, obj: Any, generators: dict[str, Any]) -> list[tuple]:
+    """The generators the checkpoint holds under ``name`` or below it (``env``
+    -> ``env._np_random``), to set on the objects found there."""
+    out: list[tuple] = []
+    for saved, state in generators.items():
+        if saved == name or saved.startswith(name + "."):
+            gen = obj
+            for attr in saved[len(name) + 1:].split(".") if saved != name else ():
+                gen = getattr(gen, attr, None)
+            if _own_kind(gen) is None:
+                raise ResumeError(f"{saved}: the checkpoint holds a generator there, "
+                                  f"this program holds {type(gen).__name__}")
+            out.append(("generator", gen, state))
+    return out
+
+
+def _load_sharded(ck: dict[str, Any], path: str, sharded: dict[str, dict[str, Any]]) -> None:
+    """Set the objects whose state is in the job's DCP directory from it."""
+    entry = ck.get("sharded") or {}
+    directory = str(entry.get("dir") or "")
+    if not os.path.isdir(directory):  # (the checkpoints moved together)
+        directory = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                 os.path.basename(directory))
+    try:
+        load_shards(entry, directory, sharded.get("modules", {}), sharded.get("optimizers", {}))
+    except ShardError as exc:
+        raise ResumeError(f"{path}: {exc}") from None
 
 
 def _readable(path: str, written: dict[str, Any], what: str, newest: int) -> None:
