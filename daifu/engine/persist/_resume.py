@@ -141,9 +141,10 @@ class Keeper:
         #: loader iterators
         self._iters: dict[int, _Made] = {}
         #: at the resume point: (loader's weakref, batches handed out, the
-        #: states its epoch was made from, the epochs before (persistent
-        #: workers), a ``StatefulDataLoader``'s own ``state_dict()`` or None)
-        self._loaders: list[tuple[Any, int, dict[str, Any], tuple, Any]] = []
+        #: states its epoch was made from, the list of the epochs before
+        #: (persistent workers: it only grows) and how many of them there
+        #: were, a ``StatefulDataLoader``'s own ``state_dict()`` or None)
+        self._loaders: list[tuple[Any, int, dict[str, Any], list, int, Any]] = []
         #: where the program called ``optimizer.step()`` (``_caller``)
         self._site: tuple[tuple[Any, int], ...] = ()
         self._py: Any = False  # (a _RawMT, None, or False: not looked for yet)
@@ -189,8 +190,8 @@ class Keeper:
         return out
 
     def _keep_loaders(self) -> None:
-        self._loaders = [(made.loader, it._num_yielded, made.made, tuple(made.epochs),
-                          _own_state(it) if made.own else None)
+        self._loaders = [(made.loader, it._num_yielded, made.made, made.epochs,
+                          len(made.epochs), _own_state(it) if made.own else None)
                          for made in self._iters.values() if (it := made.it()) is not None]
 
     def _keep_own(self) -> None:
@@ -304,8 +305,9 @@ class Keeper:
         earlier epochs, and a ``StatefulDataLoader``'s own ``"state_dict"``
         at that point."""
         out = None
-        for ref, batches, made, epochs, own in self._loaders:
+        for ref, batches, made, every, count, own in self._loaders:
             if ref() is loader:
+                epochs = every[:count]
                 out = {"batches": batches, "made": made,
                        "workers": getattr(loader, "num_workers", 0)}
                 if epochs:
@@ -622,7 +624,10 @@ def keep_loaders(module: Any = None) -> None:
 
     def _reset(self, loader, first_iter=False):
         if not first_iter:  # (persistent workers: the same iterator's next epoch)
-            KEEPER.on_reset(self, loader)
+            try:
+                KEEPER.on_reset(self, loader)
+            except Exception:  # (never the program's loop)
+                pass
         return reset(self, loader, first_iter)
 
     __next__.__qualname__ = f"{base.__qualname__}.__next__"
