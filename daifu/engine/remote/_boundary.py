@@ -123,13 +123,14 @@ class Boundary:
                     time.sleep(0.05)
             self._set("shards", None, {"step": step, "dir": chosen})
             return chosen
-        while True:
+        while have:  # (a rank with none saves alone whatever rank 0 decides)
             got = self._get("shards", None)
             if got is not None:
-                return got.get("dir") if got.get("step") == step and have else None
+                return got.get("dir") if got.get("step") == step else None
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.05)
+        return None
 
     def saved(self, path: str | None, step: int, state: str) -> None:
         """Where this rank saved (None: it could not)."""
