@@ -326,16 +326,26 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     cannot be written.  ``point``: the resume point (``_resume.KEEPER``), or
     None for the RNG as it is now and no loader positions.  ``shards``: in
     a preempted job, called with the sharded objects (``_sharded.plan``, or
-    None) to write them with DCP; returns the entry naming what it wrote, or
-    None (they go into this file)."""
+    None) and this file's path, to write them with DCP; returns the entry
+    naming what it wrote, or None (they go into this file)."""
     found = collect(frame, read_locals)
     if found is None:
         return None
 
     objects = found["objects"]
+    if path is None:
+        directory = directory or default_directory()
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            if directory == default_directory():
+                check_private(directory, "emergency checkpoints", CheckpointError)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create {directory}: {exc.strerror or exc}") from None
+        path = os.path.join(directory, _file_name())
+    path = os.path.abspath(path)
     sharded = None
-    if shards is not None:
-        sharded = shards(plan(objects))
+    if shards is not None:  # (after the directory: private before DCP writes there)
+        sharded = shards(plan(objects), path)
     state = _state(found, point, say, sharded)
     state["format"] = FORMAT
     state["position"] = found["position"]
@@ -349,16 +359,6 @@ def save(frame: types.FrameType | None, where: str, exception: BaseException | N
     if size > LARGE_BYTES and say is not None:
         say(f"saving {size / (1 << 30):.1f} GiB of state: about "
             f"{size / WRITE_BYTES_PER_S:.0f} s")
-    if path is None:
-        directory = directory or default_directory()
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            if directory == default_directory():
-                check_private(directory, "emergency checkpoints", CheckpointError)
-        except OSError as exc:
-            raise CheckpointError(f"cannot create {directory}: {exc.strerror or exc}") from None
-        path = os.path.join(directory, _file_name())
-    path = os.path.abspath(path)
     _remove_dead_temporaries(os.path.dirname(path))
     # a Lightning or HF Trainer's own checkpoint first: the file names it
     # (``trainer.fit(ckpt_path=ck["frameworks"]["lightning"])``)

@@ -319,15 +319,12 @@ def _shards_at(boundary: Any, step: int, deadline: float) -> Any:
     """``_checkpoint.save``'s ``shards`` at the header every rank saves at:
     the ranks agree through the store (``Boundary.shards``) on one DCP
     directory, rank 0's, and write into it together."""
-    from ._checkpoint import _file_name, default_directory  # lazy: 14.3 ms
     from ._sharded import ShardError, write  # lazy: 0.3 ms
 
-    def shards(plan: Any) -> dict[str, Any] | None:
-        directory = None
-        if boundary.rank == 0 and plan is not None:
-            directory = os.path.join(os.path.abspath(_engine.checkpoint_dir
-                                                     or default_directory()),
-                                     os.path.splitext(_file_name())[0] + ".dcp")
+    def shards(plan: Any, path: str) -> dict[str, Any] | None:
+        # (rank 0's file's name, ``.dcp``: beside it, in its private directory)
+        directory = os.path.splitext(path)[0] + ".dcp" \
+            if boundary.rank == 0 and plan is not None else None
         left = deadline - time.monotonic() - _MANIFEST_MARGIN_S
         wait = min(_SHARDS_WAIT_S, left / 4) if boundary.rank == 0 else left / 2
         try:
