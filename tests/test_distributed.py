@@ -811,6 +811,30 @@ def _launch_until(tmp_path, args: list[str], marker: str, daifu_args=()) -> subp
         raise
 
 
+def _preempt(tmp_path, program: str, after: str) -> tuple[dict[int, dict], str]:
+    """``program`` run plainly to its end (ref.pt), then under daifu until
+    rank 0 printed ``after``, then SIGTERM to torchrun's agent (it passes it
+    on to every rank): each rank's one ``checkpoint.saved`` event, and the
+    agent's stderr."""
+    import signal
+
+    (tmp_path / "ref.py").write_text(program)
+    (tmp_path / "train.py").write_text(program)
+    ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = _launch_until(tmp_path, ["--pause", "0.05"], after)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
+                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
+    assert all(len(v) == 1 for v in saved.values()), (saved, err[-3000:])
+    return {r: v[0] for r, v in saved.items()}, err
+
+
 @pytest.mark.parametrize("after", ["step 0 2", "step 0 6"], ids=["mid_epoch", "epoch_end"])
 def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resumes_exactly(
         tmp_path, after):
@@ -819,28 +843,13 @@ def test_sigterm_to_torchrun_saves_every_rank_at_one_step_and_the_manifest_resum
     each saves its own file there, rank 0 writes the manifest; the job run
     again with ``daifu.resume(manifest)`` ends bit-identical to a run never
     stopped (a shuffled DistributedSampler, dropout, momentum)."""
-    import signal
-
-    (tmp_path / "ref.py").write_text(PREEMPTED_DDP)
-    (tmp_path / "train.py").write_text(PREEMPTED_DDP)
-    ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    proc = _launch_until(tmp_path, ["--pause", "0.05"], after)
-    try:
-        proc.send_signal(signal.SIGTERM)  # (the agent: it passes SIGTERM on to the ranks)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
-                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
-    assert all(len(v) == 1 for v in saved.values()), (saved, err[-3000:])
-    assert {v[0]["position"]["state"] for v in saved.values()} == {"iteration-complete"}
+    saved, err = _preempt(tmp_path, PREEMPTED_DDP, after)
+    assert {v["position"]["state"] for v in saved.values()} == {"iteration-complete"}
     manifests = [e for e in read_events(tmp_path / "events-0.jsonl")
                  if e["event"] == "checkpoint.manifest"]
     assert len(manifests) == 1 and manifests[0]["consistent"], (manifests, err[-3000:])
     manifest = json.loads(Path(manifests[0]["path"]).read_text())
-    assert manifest["ranks"] == {str(r): saved[r][0]["path"] for r in (0, 1)}
+    assert manifest["ranks"] == {str(r): saved[r]["path"] for r in (0, 1)}
     assert manifest["world_size"] == 2 and manifest["steps"] == {"0": manifest["step"],
                                                                  "1": manifest["step"]}
     assert stat.S_IMODE(os.stat(manifests[0]["path"]).st_mode) == 0o600
@@ -861,32 +870,17 @@ def test_sigterm_to_an_fsdp_job_writes_its_shards_with_dcp_and_resumes_exactly(t
     ``torch.distributed.checkpoint`` directory (rank 0's ``.metadata`` and a
     ``.distcp`` file per rank), each rank's file keeps the rest and names
     it; resumed from the manifest, the job ends bit-identical."""
-    import signal
-
     import torch
     import torch.distributed.checkpoint as dcp
 
-    (tmp_path / "ref.py").write_text(PREEMPTED_FSDP)
-    (tmp_path / "train.py").write_text(PREEMPTED_FSDP)
-    ref = plain_torchrun(["ref.py", "--out", "ref.pt"], tmp_path)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    proc = _launch_until(tmp_path, ["--pause", "0.05"], "step 0 2")
-    try:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    saved = {r: [e for e in read_events(tmp_path / f"events-{r}.jsonl")
-                 if e["event"] == "checkpoint.saved"] for r in (0, 1)}
-    assert all(len(v) == 1 for v in saved.values()), (saved, err[-3000:])
-    shards = {saved[r][0]["sharded"] for r in (0, 1)}
+    saved, _ = _preempt(tmp_path, PREEMPTED_FSDP, "step 0 2")
+    shards = {saved[r]["sharded"] for r in (0, 1)}
     assert len(shards) == 1 and shards != {""}, saved  # (one directory, for both)
     directory = Path(shards.pop())
     assert sorted(p.name for p in directory.iterdir()) == [".metadata", "__0_0.distcp",
                                                            "__1_0.distcp"]
     for r in (0, 1):
-        ck = torch.load(saved[r][0]["path"], weights_only=False)
+        ck = torch.load(saved[r]["path"], weights_only=False)
         assert ck["sharded"]["modules"] == ["model"] and ck["sharded"]["optimizers"] == ["opt"]
         assert ck["modules"]["model"] == {"daifu.dcp": True}  # (not in the rank's file)
     # what DCP wrote names every parameter and Adam's state by its name
