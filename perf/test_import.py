@@ -10,7 +10,7 @@ import time
 import types
 from pathlib import Path
 
-from conftest import ASSERT, record, size
+from conftest import ASSERT, fresh, record, size
 
 from daifu.cells import Selection, options, vaccinate_source
 from daifu.cells._cache import CodeCache
@@ -205,24 +205,31 @@ def _long_function(statements: int) -> str:
     return f"{head}{body}\n    return x{statements - 1}\n"
 
 
-def test_transform_time_is_linear_in_function_size():
-    """A 4x longer function costs ~4x, not 16x (the statement lookup was a
-    linear scan per instruction: 2.5k statements took 7.5 s, 10k 119 s)."""
+def linearity(small: int, large: int, rounds: int) -> tuple[float, float]:
+    """Seconds to vaccinate a function of ``small`` and of ``large`` statements
+    (best of ``rounds``; run in a fresh interpreter by the test)."""
     options.strict = False
     options.cache = None
-    small, large = size(500, 50), size(2000, 200)
 
     def seconds(n: int) -> float:
         source = _long_function(n)
         runs = []
-        for _ in range(size(3, 1)):
+        for _ in range(rounds):
             t0 = time.perf_counter()
             vaccinate_source(source, f"big{n}.py", Selection(("*",)))
             runs.append(time.perf_counter() - t0)
         return min(runs)
 
     seconds(small)  # warm-up
-    a, b = seconds(small), seconds(large)
+    return seconds(small), seconds(large)
+
+
+def test_transform_time_is_linear_in_function_size():
+    """A 4x longer function costs ~4x, not 16x (the statement lookup was a
+    linear scan per instruction: 2.5k statements took 7.5 s, 10k 119 s).
+    Measured in a fresh interpreter (``fresh``)."""
+    small, large = size(500, 50), size(2000, 200)
+    a, b = fresh("test_import", "linearity", small, large, size(3, 1))
     ratio = b / a
     record("Import cost", f"transform of one function: {small} statements", a * 1e3, "ms")
     record("Import cost", f"  {large} statements", b * 1e3, "ms", "ratio < 6 (linear: 4)",
@@ -268,19 +275,18 @@ def test_runner_start_up(tmp_path):
            f"plain python {p[0][1]}")
 
 
-def test_rewrite_against_the_bytecode_yardstick():
-    """The rewrite of one function, side by side with what the ``bytecode``
-    library itself takes to decode and assemble the same function (the
-    yardstick: the rewrite is both, plus the analysis and the stubs)."""
+def yardstick(classes: int, rounds: int) -> tuple[float, float, int]:
+    """Median seconds of vaccinating a module of model-like classes and of
+    ``bytecode``'s decode + assemble of its methods, alternating, and how many
+    methods (run in a fresh interpreter by the test)."""
     import bytecode
 
-    source = _model_like(size(40, 4))
+    source = _model_like(classes)
     options.strict = False
     options.cache = None
     plain = compile(source, "models.py", "exec")
     codes = [c for k in plain.co_consts if isinstance(k, types.CodeType)
              for c in k.co_consts if isinstance(c, types.CodeType)]
-    rounds = size(5, 1)
 
     def ours():
         vaccinate_source(source, "models.py", Selection(("**",)))
@@ -296,12 +302,21 @@ def test_rewrite_against_the_bytecode_yardstick():
             t0 = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
-    ratio = statistics.median(a) / statistics.median(b)
-    record("Import cost", f"rewrite of one function ({len(codes)} methods)",
-           statistics.median(a) / len(codes) * 1e6, "us", "<= 2x the yardstick",
+    return statistics.median(a), statistics.median(b), len(codes)
+
+
+def test_rewrite_against_the_bytecode_yardstick():
+    """The rewrite of one function, side by side with what the ``bytecode``
+    library itself takes to decode and assemble the same function (the
+    yardstick: the rewrite is both, plus the analysis and the stubs).
+    Measured in a fresh interpreter (``fresh``)."""
+    ours, theirs, n = fresh("test_import", "yardstick", size(40, 4), size(5, 1))
+    ratio = ours / theirs
+    record("Import cost", f"rewrite of one function ({n} methods)", ours / n * 1e6, "us",
+           "<= 2x the yardstick",
            f"{ratio:.1f}x the yardstick (the whole module: its code, class bodies, methods)")
-    record("Import cost", "  yardstick: bytecode's decode + assemble of it",
-           statistics.median(b) / len(codes) * 1e6, "us")
+    record("Import cost", "  yardstick: bytecode's decode + assemble of it", theirs / n * 1e6,
+           "us")
     if ASSERT:
         assert ratio <= 2.0, f"the rewrite takes {ratio:.1f}x bytecode's decode + assemble"
 
