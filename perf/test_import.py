@@ -346,13 +346,15 @@ atexit.register(_hwm)
 
 def _run(argv: list[str], env: dict, tmp: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB) of one child process."""
+    import os
     import subprocess
 
     (tmp / "site").mkdir(exist_ok=True)
     (tmp / "site" / "sitecustomize.py").write_text(_HWM)
     hwm = tmp / "hwm"
     hwm.unlink(missing_ok=True)
-    env = {**env, "DAIFU_PERF_HWM": str(hwm), "PYTHONPATH": str(tmp / "site")}
+    path = os.pathsep.join(p for p in (str(tmp / "site"), env.get("PYTHONPATH")) if p)
+    env = {**env, "DAIFU_PERF_HWM": str(hwm), "PYTHONPATH": path}
     t0 = time.perf_counter()
     out = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          timeout=600)
