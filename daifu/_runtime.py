@@ -1,9 +1,16 @@
 """daifu's per-process state, in one place, with one ``reset()``.
 
-The packages keep their own objects (the engine, the transform options, the
-event sink), but everything that lives for the whole process is reachable
-from ``RUNTIME``, and ``RUNTIME.reset()`` returns all of it to a fresh start
-(the tests do between tests; nothing in a normal run needs to)."""
+Everything that lives for the whole process is reachable from ``RUNTIME``:
+its own fields below, and one *part* per module that keeps process state
+(``RUNTIME.part``: a record of that module's fields -- the SIGTERM handler's,
+the signal hold's, the event sink's ...), listed in ``RUNTIME.parts``.  No
+module keeps state in its own globals (``tests/test_layers.py`` checks:
+no ``global`` statement, and every module-level container is a constant
+table, a cache of a pure computation, or one of the fast path's objects that
+C code holds).  ``RUNTIME.reset()`` returns it all to a fresh start (the
+tests do between tests; nothing in a normal run needs to): each part that
+can be reset says how (``on_reset``); a part that records what was done to
+the process (a handler installed, a hook registered with ``os``) keeps it."""
 
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ from ._record import field, record
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 @record
@@ -31,8 +40,16 @@ class Runtime:
     history_read: bool = False
     #: the runner emitted its summary
     summarised: bool = False
+    #: module -> that module's process state (``part``)
+    parts: dict[str, Any] = field(default_factory=dict)
     _resets: list[Callable[[], None]] = field(default_factory=list)
     _drops: list[Callable[[], None]] = field(default_factory=list)
+
+    def part(self, module: str, state: T) -> T:
+        """Keep ``state``, the record of ``module``'s process state, and
+        return it (``_state = RUNTIME.part(__name__, _State())``)."""
+        self.parts[module] = state
+        return state
 
     def on_reset(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Register the reset of a package's own state object (engine, options ...)."""

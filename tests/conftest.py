@@ -91,9 +91,9 @@ def _no_silent_daifu_errors(request):
         if ev.event in ("rule.failed", "daifu.internal_error"):
             seen.append(ev)
 
-    _events.listeners.append(listen)
+    _events._state.listeners.append(listen)
     yield
-    _events.listeners.remove(listen)
+    _events._state.listeners.remove(listen)
     if seen and request.node.get_closest_marker("daifu_errors") is None:
         details = "\n".join(f"{ev.event}: {ev.fields().get('error')}\n"
                             f"{ev.fields().get('traceback', '')}" for ev in seen)

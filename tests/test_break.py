@@ -114,7 +114,7 @@ def test_a_break_that_reaches_no_vaccinated_statement_is_dropped(monkeypatch, ca
             plain(len(calls))
     finally:
         _break._disarm()
-    assert sys.gettrace() is None and not _break._state["armed"]
+    assert sys.gettrace() is None and not _break._state.armed
     assert calls and time.monotonic() < deadline
     err = capsys.readouterr().err
     assert "daifu: break: dropped" in err and "within 0.05s" in err

@@ -143,7 +143,7 @@ def test_changed_source_or_selection_is_a_miss(cache):
 def test_another_daifu_version_is_a_miss_and_old_entries_go(cache, monkeypatch):
     _vaccinate()
     (old,) = cache.iterdir()
-    monkeypatch.setattr(_cache, "_fingerprint", b"another daifu, python or bytecode")
+    monkeypatch.setattr(_cache, "fingerprint", lambda: b"another daifu, python or bytecode")
     assert not _vaccinate()[1].cached
     assert len(list(cache.iterdir())) == 2
     stale = _cache.time.time() - _cache.MAX_AGE_S - 60

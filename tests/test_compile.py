@@ -440,8 +440,7 @@ def test_dynamo_traces_the_original_of_vaccinated_code_only():
 @pytest.fixture
 def fresh_patch(monkeypatch):
     """``trace_original`` with nothing patched yet, and fake Dynamo modules."""
-    monkeypatch.setattr(_dynamo, "_done", False)
-    monkeypatch.setattr(_dynamo, "_replaced", {})
+    monkeypatch.setattr(_dynamo, "_state", type(_dynamo._state)())  # (its own: nothing patched)
     convert, symbolic = types.ModuleType("convert_frame"), types.ModuleType("symbolic_convert")
     monkeypatch.setitem(sys.modules, "torch._dynamo.convert_frame", convert)
     monkeypatch.setitem(sys.modules, "torch._dynamo.symbolic_convert", symbolic)

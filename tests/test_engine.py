@@ -1021,11 +1021,11 @@ def test_the_preload_waits_while_daifu_code_called_by_the_program_runs():
 
     assert not _preload._busy(sys._getframe())  # the program's own code
     seen = []
-    _events.listeners.append(lambda ev: seen.append(_preload._busy(sys._getframe())))
+    _events._state.listeners.append(lambda ev: seen.append(_preload._busy(sys._getframe())))
     try:
         from daifu.engine.persist._journal import JournalOpened
 
         _events.emit(JournalOpened(path="x"))
     finally:
-        _events.listeners.pop()
+        _events._state.listeners.pop()
     assert seen == [True]

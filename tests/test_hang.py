@@ -306,14 +306,14 @@ def test_what_a_hang_does_follows_the_options():
 
 
 def test_no_watchdog_outside_a_launcher_or_when_turned_off(monkeypatch):
-    monkeypatch.setattr(_watchdog, "_started", [])
+    monkeypatch.setattr(_watchdog, "_state", type(_watchdog._state)())  # (no watchdog yet)
     monkeypatch.delenv("RANK", raising=False)
     _watchdog.start(engine=None)
-    assert _watchdog._started == []
+    assert _watchdog._state.dog is None
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("DAIFU_HANG_AFTER", "off")
     _watchdog.start(engine=None)
-    assert _watchdog._started == []
+    assert _watchdog._state.dog is None
 
 
 @pytest.mark.slow

@@ -428,8 +428,7 @@ def rank_zero_of_two(tmp_path, monkeypatch):
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setattr(_distributed, "_group", lambda: object())
     monkeypatch.setattr(_distributed, "_world", lambda: (server, 2, 0))
-    monkeypatch.setattr(_distributed, "_KEY", [])
-    monkeypatch.setattr(_distributed, "_rounds", 0)
+    monkeypatch.setattr(_distributed, "_state", type(_distributed._state)())  # (no round, no key)
     monkeypatch.setattr(_distributed, "_job_reason", lambda decision, crash: None)
     monkeypatch.setattr(_jobstore.dropped, "EVERY_S", 0.0)
     other = dist.TCPStore("127.0.0.1", server.port, is_master=False)
@@ -482,7 +481,7 @@ def test_a_forged_agreement_is_dropped_and_the_refused_decision_stays_refused(
         "nonces": {"0": "before", "1": "earlier"}}))
     with pytest.raises(PatchError, match="not every rank"):
         _distributed.agree(RETRY, crash)
-    assert _distributed._rounds == 0  # (no round happened)
+    assert _distributed._state.rounds == 0  # (no round happened)
     # rank 1 at the same crash, taking the same decision: agreed
     import torch.distributed as dist
 
@@ -494,7 +493,7 @@ def test_a_forged_agreement_is_dropped_and_the_refused_decision_stays_refused(
     peer.start()
     _distributed.agree(RETRY, crash)
     peer.join()
-    assert sorted(done[0]) == [0, 1] and _distributed._rounds == 1
+    assert sorted(done[0]) == [0, 1] and _distributed._state.rounds == 1
 
 
 def test_a_job_wide_decision_one_rank_cannot_take_is_refused_on_every_rank(rank_zero_of_two,
@@ -531,14 +530,14 @@ def test_a_key_that_cannot_be_had_is_said_when_the_rank_starts(tmp_path, monkeyp
                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1"),
                         ("TORCHELASTIC_RUN_ID", "k")):
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(_jobstore, "_relay", [])
+    monkeypatch.setattr(_jobstore, "_state", type(_jobstore._state)())  # (no relay yet)
     with capture() as logs:
         _jobstore.start_relay()
     said = [e for e in logs if e["event"] == "relay.unavailable"]
     assert len(said) == 1 and said[0]["store"] == "127.0.0.1:1", logs
     assert said[0]["reason"].startswith(f"refusing the daifu key {path}")
     assert "rank 3 is reached on this machine only" in said[0]["reason"]
-    assert _jobstore._relay == []
+    assert _jobstore._state.relay is None
 
 
 def test_the_files_of_a_rank_killed_by_sigterm_are_removed(tmp_path, monkeypatch):

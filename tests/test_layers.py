@@ -155,6 +155,109 @@ def test_functions_are_short():
     assert [(p, n, lines) for p, n, lines in functions if lines > MAX_LINES] == []
 
 
+#: calls that make a container or a lock: a module-level one is state
+_MUTABLE_CALLS = frozenset({
+    "set", "dict", "list", "bytearray", "defaultdict", "deque", "OrderedDict", "Counter",
+    "WeakSet", "WeakKeyDictionary", "WeakValueDictionary", "local", "Lock", "RLock", "Event",
+    "Condition", "Semaphore", "_Shared"})
+
+#: the module-level containers that are not a module's process state (which
+#: is a record in ``RUNTIME.parts``), each with what it is
+NOT_STATE = {
+    "__all__": "what a module exports",
+    "daifu.cells._LAZY": "a constant table (the names imported on first use)",
+    "daifu.engine._LAZY": "a constant table (the names imported on first use)",
+    "daifu.hooks._LAZY": "a constant table (the names imported on first use)",
+    "daifu.cells._rewrite._core._SPLIT": "a constant table (3.13's superinstructions)",
+    "daifu.cells._rewrite._ops._BACKWARD": "a constant table (the backward jumps)",
+    "daifu.cells._source._ENTRY_ROLES": "a constant table (statement kinds)",
+    "daifu.cells._versions.TABLE": "a constant table (what differs between versions)",
+    "daifu.engine._events.LEVELS": "a constant table (the log levels)",
+    "daifu.engine._patches._APPLY": "a constant table (how each kind of patch is applied)",
+    "daifu.hooks._commands.USAGE": "a constant table (the commands' usage lines)",
+    "daifu.hooks._config.BY_FLAG": "a constant table (filled at import from OPTIONS)",
+    "daifu.hooks._config.VARIABLES": "a constant table (filled at import from OPTIONS)",
+    "daifu.cells._lazy._templates": "a cache: one stub template per signature shape",
+    "daifu.cells._rewrite._analysis._SHAPES": "a cache: each instruction's stack effect",
+    "daifu.cells._rewrite._assemble._TEMPLATES": "a cache: each stub shape's code",
+    "daifu.cells._rewrite._assemble._KINDS": "a cache: each opcode's kind",
+    "daifu.cells._rewrite._emit._SHARED": "a cache: daifu's own instructions, made once",
+    "daifu.engine.persist._resume._library": "a cache: is a code object a library's?",
+    "daifu.hooks._ipython._classes": "a cache: IPython's classes, each with daifu's subclass",
+    "daifu._record._showing": "a repr's recursion guard (per thread; empty between calls)",
+    "daifu.cells._cell._INFOS": "the fast path's: the registry the stubs' constants name",
+    "daifu.engine._fastpath.passing": "the fast path's: the slots every stub reads (a builtin)",
+    "daifu.engine._fastpath.ROUTES": "the fast path's: the routes the C barrier reads",
+}
+
+
+def _top_level(body: list[ast.stmt]):
+    for st in body:
+        if isinstance(st, (ast.If, ast.Try)):
+            yield from _top_level(st.body)
+            yield from _top_level(st.orelse)
+            for handler in getattr(st, "handlers", ()):
+                yield from _top_level(handler.body)
+        else:
+            yield st
+
+
+def _makes_a_container(value: ast.expr | None) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                          ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in _MUTABLE_CALLS
+    return False
+
+
+def test_no_module_keeps_state_in_its_globals():
+    """Each module's process state is one record in ``RUNTIME.parts``: no
+    ``global`` statement anywhere, and every module-level container or lock
+    is one of ``NOT_STATE`` (a constant table, a cache of a pure computation,
+    or one of the fast path's objects that the stubs and C code hold)."""
+    found, globals_ = [], []
+    for folder, _dirs, files in os.walk(os.path.join(ROOT, "daifu")):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            globals_ += [(rel, node.lineno, node.names) for node in ast.walk(tree)
+                         if isinstance(node, ast.Global)]
+            for st in _top_level(tree.body):
+                targets = st.targets if isinstance(st, ast.Assign) else \
+                    [st.target] if isinstance(st, ast.AnnAssign) else []
+                for target in targets:
+                    if isinstance(target, ast.Name) and _makes_a_container(st.value) \
+                            and target.id not in NOT_STATE \
+                            and f"{rel}.{target.id}" not in NOT_STATE:
+                        found.append(f"{rel}.{target.id}")
+    assert globals_ == []
+    assert found == []
+
+
+def test_each_part_of_the_runtime_is_a_record_of_its_module():
+    """``RUNTIME.parts``: one record per module that keeps process state,
+    once daifu's modules are imported."""
+    import importlib
+
+    from daifu._runtime import RUNTIME
+
+    for module in ("daifu.engine", "daifu.hooks._install", "daifu.engine.persist._preempt",
+                   "daifu.engine.remote._distributed", "daifu.engine.remote._jobstore"):
+        importlib.import_module(module)
+    assert {"daifu.engine._events", "daifu.engine._signals", "daifu.engine._preload",
+            "daifu.engine._barrier", "daifu.engine.persist._preempt",
+            "daifu.engine.remote._distributed", "daifu.hooks._install",
+            "daifu.cells._lazy"} <= set(RUNTIME.parts)
+    for module, part in RUNTIME.parts.items():
+        assert sys.modules[module]._state is part
+        assert "_state" not in repr(part) and repr(part).startswith(type(part).__name__)
+
+
 def test_engine_and_console_are_small():
     """The engine decides and the console asks: each class stays under 400
     lines (their parts are mixins in modules of their own)."""

@@ -453,9 +453,9 @@ def test_a_fork_around_the_preload_leaves_the_child_able_to_import(tmp_path):
                 os._exit(0)
             assert os.waitpid(pid, 0)[1] == 0
             [[] for _ in range(1000)]
-            if _preload._done.is_set():
+            if _preload._state.done.is_set():
                 break
-        print("ok", _preload._done.is_set(), threading.active_count())
+        print("ok", _preload._state.done.is_set(), threading.active_count())
     '''))
     proc = daifu(["fork.py"], cwd=tmp_path, env={**os.environ, "DAIFU_PRELOAD": "0.001"})
     assert (proc.returncode, proc.stdout.strip()) == (0, "ok True 1"), proc.stderr
@@ -471,10 +471,10 @@ def test_ctrl_c_around_the_preload_still_exits_by_sigint(tmp_path, after):
         import atexit, time
         from daifu.engine import _preload
         end = time.monotonic() + 5
-        while {after == "done"} and not _preload._done.is_set() and time.monotonic() < end:
+        while {after == "done"} and not _preload._state.done.is_set() and time.monotonic() < end:
             [[] for _ in range(100)]
         atexit.register(time.sleep, 0.3)  # a writer flushing at exit
-        print(_preload._done.is_set())
+        print(_preload._state.done.is_set())
         raise KeyboardInterrupt
     '''))
     # (pending: the timer still waits at the exit)

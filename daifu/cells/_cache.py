@@ -34,6 +34,7 @@ rewritten as if there were no cache.
 
 from __future__ import annotations
 
+import functools
 import io
 import marshal
 import os
@@ -46,6 +47,8 @@ from importlib.util import find_spec
 
 from .._errors import DaifuWarning
 from .._private import check_private
+from .._record import field, record
+from .._runtime import RUNTIME
 from .._version import __version__
 
 # (the C modules themselves: ``hashlib`` loads OpenSSL and ``pickle`` a dozen
@@ -65,8 +68,17 @@ PROTOCOL = 5
 #: entries not written for this long are removed when another is written
 #: (entries of older daifu versions or vanished files would stay forever)
 MAX_AGE_S = 30 * 24 * 3600
-_fingerprint: bytes | None = None
-_refused: set[str] = set()
+
+
+@record
+class _Refusals:
+    """The code cache's process state (``RUNTIME.parts``)."""
+
+    #: directories found unusable (said once; not tried again)
+    refused: set[str] = field(default_factory=set)
+
+
+_state = RUNTIME.part(__name__, _Refusals())
 
 
 class _Refused(Exception):
@@ -102,19 +114,17 @@ def _stat_tree(h, root: str) -> None:
     h.update(repr(sorted(found)).encode())
 
 
+@functools.cache  # (once per process: daifu and bytecode do not change under it)
 def fingerprint() -> bytes:
     """What makes entries of another daifu, Python or ``bytecode`` invalid."""
-    global _fingerprint
-    if _fingerprint is None:
-        h = blake2b(MAGIC, digest_size=32)
-        h.update(__version__.encode())
-        h.update(sys.version.encode())
-        _stat_tree(h, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-        spec = find_spec("bytecode")  # (found, not imported)
-        if spec is not None and spec.origin:
-            _stat_tree(h, os.path.dirname(os.path.realpath(spec.origin)))
-        _fingerprint = h.digest()
-    return _fingerprint
+    h = blake2b(MAGIC, digest_size=32)
+    h.update(__version__.encode())
+    h.update(sys.version.encode())
+    _stat_tree(h, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    spec = find_spec("bytecode")  # (found, not imported)
+    if spec is not None and spec.origin:
+        _stat_tree(h, os.path.dirname(os.path.realpath(spec.origin)))
+    return h.digest()
 
 
 def _code(data: bytes, consts: tuple) -> types.CodeType:
@@ -172,7 +182,7 @@ class CodeCache:
     def _usable(self) -> bool:
         if self._checked:
             return True
-        if self.directory in _refused:
+        if self.directory in _state.refused:
             return False
         if not self.write and not os.path.isdir(self.directory):
             return False  # reading only: nothing to read, and nothing to create
@@ -180,7 +190,7 @@ class CodeCache:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             check_private(self.directory, "the daifu code cache", _Refused)
         except (OSError, _Refused) as exc:
-            _refused.add(self.directory)
+            _state.refused.add(self.directory)
             if not self.quiet:
                 warnings.warn(f"daifu: not using the code cache: {exc}", DaifuWarning,
                               stacklevel=4)

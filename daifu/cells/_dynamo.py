@@ -51,6 +51,8 @@ import types
 import warnings
 
 from .._errors import DaifuWarning
+from .._record import field, record
+from .._runtime import RUNTIME
 from ._cell import cells_of
 from ._lazy import pending_of
 
@@ -59,10 +61,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
-#: set once the patches are made (or known impossible): patch at most once
-_done = False
-#: the functions replaced (name -> the original function), for ``restore``
-_replaced: dict[str, Any] = {}
+
+
+@record
+class _Patched:
+    """What this module did to TorchDynamo (``RUNTIME.parts``)."""
+
+    #: set once the patches are made (or known impossible): patch at most once
+    done: bool = False
+    #: the functions replaced (name -> the original function), for ``restore``
+    replaced: dict[str, Any] = field(default_factory=dict)
+
+
+_state = RUNTIME.part(__name__, _Patched())
 
 
 def traced_code(code: Any, frame: bool = False) -> Any:
@@ -106,10 +117,9 @@ def trace_original() -> bool:
     original code of vaccinated functions (see the module's docstring).
     True if patched (now or before); False, with a warning, if this torch's
     Dynamo is not the one these patches were written for."""
-    global _done
-    if _done:
-        return bool(_replaced)
-    _done = True
+    if _state.done:
+        return bool(_state.replaced)
+    _state.done = True
     convert: Any = sys.modules.get("torch._dynamo.convert_frame")
     symbolic = sys.modules.get("torch._dynamo.symbolic_convert")
     try:
@@ -136,7 +146,7 @@ def trace_original() -> bool:
     def init_original(self, parent, code, *args, **kwargs):
         return init(self, parent, traced_code(code), *args, **kwargs)
 
-    _replaced["compile_frame"], _replaced["__init__"] = compile_frame, init
+    _state.replaced["compile_frame"], _state.replaced["__init__"] = compile_frame, init
     convert.compile_frame = _like(compile_original, compile_frame)
     inliner.__init__ = _like(init_original, init)
     return True
@@ -166,12 +176,11 @@ def _first_params(fn: Any, names: list[str]) -> str:
 
 def restore() -> None:
     """Undo ``trace_original`` (tests)."""
-    global _done
     convert = sys.modules.get("torch._dynamo.convert_frame")
     symbolic = sys.modules.get("torch._dynamo.symbolic_convert")
-    if "compile_frame" in _replaced and convert is not None:
-        convert.compile_frame = _replaced.pop("compile_frame")  # type: ignore[attr-defined]
-    if "__init__" in _replaced and symbolic is not None:
-        symbolic.InliningInstructionTranslator.__init__ = _replaced.pop("__init__")
-    _replaced.clear()
-    _done = False
+    if "compile_frame" in _state.replaced and convert is not None:
+        convert.compile_frame = _state.replaced.pop("compile_frame")  # type: ignore[attr-defined]
+    if "__init__" in _state.replaced and symbolic is not None:
+        symbolic.InliningInstructionTranslator.__init__ = _state.replaced.pop("__init__")
+    _state.replaced.clear()
+    _state.done = False

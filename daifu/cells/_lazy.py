@@ -37,6 +37,8 @@ import warnings
 import weakref
 
 from .._errors import NotVaccinatedWarning
+from .._record import field, record
+from .._runtime import RUNTIME
 from ._cell import cells_of
 from ._dispatch import backend
 from ._versions import current
@@ -50,14 +52,31 @@ _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 #: generators, coroutines, async generators, iterable coroutines
 _CO_NOT_STUBBED = 0x20 | 0x80 | 0x200 | 0x100
 _HELPER, _PENDING = "__daifu_first_call__", "__daifu_pending__"
-#: the rewrite of a function at its first call, given by ``_transform`` when
-#: it is imported (``use_rewrite``: this module never imports it back)
-_wired: dict[str, Any] = {"rewrite": None}
+
+
+@record
+class _Wired:
+    """The first-call stubs' process state (``RUNTIME.parts``)."""
+
+    #: ``rewrite(pending)``: the rewrite of a function at its first call,
+    #: given by ``_transform`` when it is imported (``use_rewrite``: this
+    #: module never imports it back)
+    rewrite: Any = None
+    #: stubs made before TorchDynamo was imported (see ``_not_for_dynamo``)
+    stubs: weakref.WeakSet[types.CodeType] = field(default_factory=weakref.WeakSet)
+    #: TorchDynamo's ``skip_code`` once it is imported
+    dynamo_skip: Any = None
+    #: TorchDynamo's ``set_eval_frame`` once it is imported: ``first_call``
+    #: runs the rewrite with Dynamo's frame callback off
+    set_eval_frame: Any = None
+
+
+_state = RUNTIME.part(__name__, _Wired())
 
 
 def use_rewrite(rewrite: Any) -> None:
     """``rewrite(pending)``: the vaccinated code of a stubbed function, or None."""
-    _wired["rewrite"] = rewrite
+    _state.rewrite = rewrite
 _DOC = "__daifu_docstring__"
 
 
@@ -206,26 +225,18 @@ def make_stub(code: types.CodeType, pending: Pending) -> types.CodeType:
     return stub
 
 
-#: stubs made before TorchDynamo was imported (see ``_not_for_dynamo``)
-_stubs: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
-_dynamo_skip: Any = None
-#: TorchDynamo's ``set_eval_frame`` once it is imported: ``first_call`` runs
-#: the rewrite with Dynamo's frame callback off
-_set_eval_frame: Any = None
-
-
 def _not_for_dynamo(stub: types.CodeType) -> None:
     """``torch.compile`` must run a stub's frame as it is (TorchDynamo cannot
     trace its constants) and compile what it calls, the vaccinated function:
     with Dynamo imported, the stub's code is marked "skip this frame, not the
     frames it calls"; before that, it is remembered for ``use_dynamo``."""
-    if _dynamo_skip is not None:
-        _dynamo_skip(stub)
+    if _state.dynamo_skip is not None:
+        _state.dynamo_skip(stub)
     elif "torch._dynamo.eval_frame" in sys.modules:
         use_dynamo()
         _not_for_dynamo(stub)
     else:
-        _stubs.add(stub)
+        _state.stubs.add(stub)
 
 
 def use_dynamo() -> None:
@@ -234,20 +245,19 @@ def use_dynamo() -> None:
     and runs the rewrite with Dynamo's frame callback off: a first call made
     by compiled code (at a graph break) would otherwise have Dynamo look at
     every frame of the rewrite (``counters["frames"]`` would count them)."""
-    global _dynamo_skip, _set_eval_frame
     try:
         from torch._dynamo.eval_frame import skip_code  # lazy: 2.7 s
     except Exception:  # another torch: stubs are traced (a graph break at worst)
         return
-    _dynamo_skip = skip_code
-    for stub in list(_stubs):
+    _state.dynamo_skip = skip_code
+    for stub in list(_state.stubs):
         skip_code(stub)
-    _stubs.clear()
+    _state.stubs.clear()
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame  # lazy: 1.3 s
 
         skip_code(first_call.__code__)
-        _set_eval_frame = set_eval_frame
+        _state.set_eval_frame = set_eval_frame
     except Exception:  # another torch: Dynamo looks at the rewrite's frames
         pass
 
@@ -276,7 +286,7 @@ def first_call(pending: Pending) -> types.FunctionType:
     function (the stub then calls it with its arguments)."""
     frame = sys._getframe(1)
     stub = frame.f_code
-    set_eval_frame = _set_eval_frame
+    set_eval_frame = _state.set_eval_frame
     prior = set_eval_frame(None) if set_eval_frame is not None else None
     try:
         code = pending.code()
@@ -325,7 +335,7 @@ def _content(cell: Any) -> Any:
 def _rewrite(pending: Pending) -> types.CodeType:
     original = pending.original
     try:
-        new = _wired["rewrite"](pending)
+        new = _state.rewrite(pending)
     except Exception as exc:  # a daifu bug must not fail the call: run the original
         warnings.warn(f"daifu: {original.co_qualname} ({original.co_filename}:"
                       f"{original.co_firstlineno}) is not vaccinated and runs unmodified: "

@@ -132,7 +132,7 @@ def speedups() -> tuple[str, str]:
     """How the barrier checks a remembered route ("in C", or "in Python:
     why"), and where the program's signal handlers are held back."""
 
-    return _barrier.check, ("in C" if _signals._csignals is not None else "in Python")
+    return _barrier._state.check, ("in C" if _signals._csignals is not None else "in Python")
 
 
 __all__ = [

@@ -9,6 +9,8 @@ import threading
 import types
 from collections.abc import Callable
 
+from .._record import record
+from .._runtime import RUNTIME
 from ..cells import INFOS as _INFOS
 from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
 from ._engine import ENGINE
@@ -27,9 +29,16 @@ _MAIN = threading.main_thread().ident
 __all__ = ["barrier", "entry", "judge", "passing"]
 
 
-#: where ``entry`` put the route check: "in C", or "in Python: <why>"
-#: (``python -m daifu --version`` says it)
-check = ""
+@record
+class _Entry:
+    """Which barrier the stubs call (``RUNTIME.parts``)."""
+
+    #: where ``entry`` put the route check: "in C", or "in Python: <why>"
+    #: (``python -m daifu --version`` says it)
+    check: str = ""
+
+
+_state = RUNTIME.part(__name__, _Entry())
 
 
 def entry() -> Callable:
@@ -39,20 +48,20 @@ def entry() -> Callable:
     hand anything else to ``judge``; in C the check takes a fraction of
     its time in Python (docs/performance.md, "Handled exceptions", has
     both)."""
-    global check
     if os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
-        check = "in Python: DAIFU_SPEEDUPS=0"
+        _state.check = "in Python: DAIFU_SPEEDUPS=0"
     elif getattr(sys, "_is_gil_enabled", lambda: True)() is False:
         # the C check reads borrowed references under the GIL, and importing
         # it would turn the GIL back on for the program
-        check = "in Python: a free-threaded build"
+        _state.check = "in Python: a free-threaded build"
     else:
         try:
             from . import _routes  # type: ignore[attr-defined,unused-ignore]  # (C)  # lazy: 0.0 ms
         except ImportError:
-            check = "in Python: daifu/engine/_routes.c was not built (no C compiler at install?)"
+            _state.check = ("in Python: daifu/engine/_routes.c was not built "
+                            "(no C compiler at install?)")
         else:
-            check = "in C"
+            _state.check = "in C"
             return _routes.install(ROUTES, passing, judge, RAISE_CODE)
     return barrier
 

@@ -225,6 +225,7 @@ def is_plumbing(filename: str) -> bool:
             or filename.startswith("<frozen runpy"))
 
 
+@functools.cache  # (this interpreter's: computed once)
 def _library_roots() -> tuple[str, ...]:
     import sysconfig  # lazy: 0.7 ms
 
@@ -240,9 +241,6 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
-_ROOTS: tuple[str, ...] | None = None
-
-
 def is_library(frame: types.FrameType) -> bool:
     """A frame of installed code -- the standard library, site-packages
     (torch's ``Module._call_impl``, Lightning's loops, ipykernel, asyncio) --
@@ -254,21 +252,16 @@ def is_library(frame: types.FrameType) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _installed(filename: str) -> bool:
-    global _ROOTS
-    if _ROOTS is None:
-        _ROOTS = _library_roots()
     if filename.startswith("<frozen"):
         return True
-    return filename.startswith(_ROOTS) or os.path.realpath(filename).startswith(_ROOTS)
+    roots = _library_roots()
+    return filename.startswith(roots) or os.path.realpath(filename).startswith(roots)
 
 
 def library_package(filename: str) -> str:
     """``torch``, ``lightning``, ``asyncio``: the top package of an installed file."""
-    global _ROOTS
-    if _ROOTS is None:
-        _ROOTS = _library_roots()
     real = os.path.realpath(filename)
-    for root in sorted(_ROOTS, key=len, reverse=True):  # (site-packages inside lib/)
+    for root in sorted(_library_roots(), key=len, reverse=True):  # (site-packages inside lib/)
         if real.startswith(root):
             rest = real[len(root):]
             return rest.split(os.sep, 1)[0].removesuffix(".py")

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from .._record import FrozenInstanceError, record
+from .._record import field as _part_field
 from .._runtime import RUNTIME
 from ._job import distributed
 
@@ -450,32 +451,26 @@ class NotifyFailed(Event):
     error: str
 
 
-_pinned: list[Any] = []  # the job's own stderr, while the console redirects sys.stderr
-
-
 class _CurrentStderr:
     """Write to whatever ``sys.stderr`` is now (tests and tools replace it) --
     except while the console captures a command's output: daifu's events
     still go to the job's stderr, not to the person who sent the command."""
 
     def write(self, text: str) -> int:
-        return (_pinned[-1] if _pinned else sys.stderr).write(text)
+        return (_state.pinned[-1] if _state.pinned else sys.stderr).write(text)
 
     def flush(self) -> None:
-        (_pinned[-1] if _pinned else sys.stderr).flush()
+        (_state.pinned[-1] if _state.pinned else sys.stderr).flush()
 
 
 @contextlib.contextmanager
 def pinned_stderr() -> Iterator[None]:
     """Keep daifu's events on the current ``sys.stderr`` inside the block."""
-    _pinned.append(sys.stderr)
+    _state.pinned.append(sys.stderr)
     try:
         yield
     finally:
-        _pinned.pop()
-
-
-_held: list[list[Event]] = []  # events kept back while a console is on the terminal
+        _state.pinned.pop()
 
 
 @contextlib.contextmanager
@@ -483,11 +478,11 @@ def held() -> Iterator[None]:
     """Keep events that would be written to stderr back until the block ends
     (the console on the job's terminal: its report and prompt are not
     interleaved with log lines); then write them, in order."""
-    _held.append([])
+    _state.held.append([])
     try:
         yield
     finally:
-        kept = _held.pop()
+        kept = _state.held.pop()
         for ev in kept:
             write(ev)  # (to the block around this one, if it holds too)
 
@@ -496,8 +491,8 @@ def release_held() -> None:
     """Write what the innermost ``held`` block kept back so far, in order,
     and go on holding (a rule is about to run: what it prints must come
     after the lines of the crash it answers)."""
-    if _held:
-        kept, _held[-1] = _held[-1], []
+    if _state.held:
+        kept, _state.held[-1] = _state.held[-1], []
         for ev in kept:
             try:
                 _write(ev)
@@ -515,17 +510,31 @@ class _Sink:
     logger: Any = None
 
 
-_sink = _Sink(_CurrentStderr())
-_lock = threading.Lock()
-#: per thread: ``building`` -- the thread is importing what the logger needs
-#: (structlog, rich...); ``deferred`` -- the events emitted meanwhile (by a
-#: vaccinated module those imports load: ``--modules attr``, which rich
-#: imports), written once the logger is built.  (The build held ``_lock``
-#: while importing: that event's write waited for the lock its own thread
-#: held, and the job hung at start-up.)
-_building = threading.local()
-#: in-process observers of every event (``capture()``; the test suite's guard)
-listeners: list[Callable[[Event], None]] = []
+@record
+class _Events:
+    """Where this process's events go, and who else sees them (``RUNTIME.parts``)."""
+
+    sink: _Sink = _part_field(default_factory=lambda: _Sink(_CurrentStderr()))
+    #: held while the sink is replaced or its logger built
+    lock: threading.Lock = _part_field(default_factory=threading.Lock)
+    #: the job's own stderr, while the console redirects sys.stderr
+    pinned: list[Any] = _part_field(default_factory=list)
+    #: events kept back while a console is on the terminal (one list per ``held`` block)
+    held: list[list[Event]] = _part_field(default_factory=list)
+    #: per thread: ``building`` -- the thread is importing what the logger
+    #: needs (structlog, rich...); ``deferred`` -- the events emitted
+    #: meanwhile (by a vaccinated module those imports load: ``--modules
+    #: attr``, which rich imports), written once the logger is built.  (The
+    #: build held ``lock`` while importing: that event's write waited for the
+    #: lock its own thread held, and the job hung at start-up.)
+    building: threading.local = _part_field(default_factory=threading.local)
+    #: in-process observers of every event (``capture()``; the test suite's guard)
+    listeners: list[Callable[[Event], None]] = _part_field(default_factory=list)
+    #: per thread: the events of the crash this thread handles (``collecting``)
+    collecting: threading.local = _part_field(default_factory=threading.local)
+
+
+_state = RUNTIME.part(__name__, _Events())
 
 
 def configure(stream: IO[str] | None = None, level: str = "info",
@@ -533,16 +542,15 @@ def configure(stream: IO[str] | None = None, level: str = "info",
     """Send daifu's events to ``stream`` (default: the current ``sys.stderr``)
     at ``level`` and above.  Called by daifu's entry points; a library that
     imports daifu gets readable lines on stderr at ``info``."""
-    global _sink
-    with _lock:
-        _sink = _Sink(stream if stream is not None else _CurrentStderr(),
+    with _state.lock:
+        _state.sink = _Sink(stream if stream is not None else _CurrentStderr(),
                       LEVELS.get(level, LEVELS["info"]), json)
 
 
 def _reset() -> None:
     configure()
-    _pinned.clear()
-    _held.clear()
+    _state.pinned.clear()
+    _state.held.clear()
 
 
 RUNTIME.on_reset(_reset)
@@ -561,7 +569,7 @@ def warm() -> None:
     # lazy: 1.2 ms
     from ._quietrandom import program_random_untouched  # (only where a logger is built)
 
-    _building.on = True
+    _state.building.on = True
     try:
         with program_random_untouched():
             import importlib.metadata  # noqa: F401 - see the module docstring  # lazy: 39.5 ms
@@ -570,12 +578,12 @@ def warm() -> None:
 
             structlog.dev.ConsoleRenderer  # noqa: B018 - (structlog.dev imports rich, if installed)
     finally:
-        _building.on = False
+        _state.building.on = False
         _write_deferred()
 
 
 def _write_deferred() -> None:
-    deferred = getattr(_building, "deferred", None)
+    deferred = getattr(_state.building, "deferred", None)
     while deferred:
         _write(deferred.pop(0))
 
@@ -615,25 +623,22 @@ def _without_empty(_logger: Any, _name: str, fields: dict[str, Any]) -> dict[str
     return {k: v for k, v in fields.items() if v is not None and v != "" and v != []}
 
 
-_collecting = threading.local()  # the events of the crash this thread handles
-
-
 @contextlib.contextmanager
 def collecting(into: list[Event], hold: Callable[[], bool]) -> Iterator[None]:
     """Also append the events this thread emits inside the block to ``into``;
     while ``hold()`` is true they are only appended, not written (the engine
     writes them later with ``write``, or counts them: ``_repeats``)."""
-    previous = getattr(_collecting, "current", None)
-    _collecting.current = (into, hold)
+    previous = getattr(_state.collecting, "current", None)
+    _state.collecting.current = (into, hold)
     try:
         yield
     finally:
-        _collecting.current = previous
+        _state.collecting.current = previous
 
 
 def tell(ev: Event) -> None:
     """Give one event to the in-process listeners only, not to the log."""
-    for listener in list(listeners):
+    for listener in list(_state.listeners):
         try:
             listener(ev)
         except Exception:
@@ -642,15 +647,15 @@ def tell(ev: Event) -> None:
 
 def logs_to_terminal() -> bool:
     """Do daifu's log lines go to the process's stderr (not a file)?"""
-    return isinstance(_sink.stream, _CurrentStderr)
+    return isinstance(_state.sink.stream, _CurrentStderr)
 
 
 def emit(ev: Event) -> None:
     """Log one event; never raises."""
     try:
-        for listener in list(listeners):
+        for listener in list(_state.listeners):
             listener(ev)
-        current = getattr(_collecting, "current", None)
+        current = getattr(_state.collecting, "current", None)
         if current is not None:
             current[0].append(ev)
             if current[1]():
@@ -663,8 +668,8 @@ def emit(ev: Event) -> None:
 def write(ev: Event) -> None:
     """Write one event to the log (listeners are not told again); never raises."""
     try:
-        if _held and isinstance(_sink.stream, _CurrentStderr):
-            _held[-1].append(ev)
+        if _state.held and isinstance(_state.sink.stream, _CurrentStderr):
+            _state.held[-1].append(ev)
             return
         _write(ev)
     except Exception:  # logging must never break recovery
@@ -676,21 +681,21 @@ _DISTRIBUTED = distributed()
 
 def _write(ev: Event) -> None:
     try:
-        sink = _sink
+        sink = _state.sink
         if LEVELS[ev.level] < sink.level:
             return
         if sink.logger is None:
-            if getattr(_building, "on", False):  # (emitted by an import of the build)
-                if not hasattr(_building, "deferred"):
-                    _building.deferred = []
-                _building.deferred.append(ev)
+            if getattr(_state.building, "on", False):  # (emitted by an import of the build)
+                if not hasattr(_state.building, "deferred"):
+                    _state.building.deferred = []
+                _state.building.deferred.append(ev)
                 return
-            _building.on = True
+            _state.building.on = True
             try:  # (no lock held while importing: two first events may both build)
                 logger = _build(sink)
             finally:
-                _building.on = False
-            with _lock:
+                _state.building.on = False
+            with _state.lock:
                 if sink.logger is None:
                     sink.logger = logger
         fields = ev.fields()
@@ -712,8 +717,8 @@ def capture() -> Iterator[list[dict[str, Any]]]:
     def listen(ev: Event) -> None:
         records.append({"event": ev.event, "log_level": ev.level, **ev.fields()})
 
-    listeners.append(listen)
+    _state.listeners.append(listen)
     try:
         yield records
     finally:
-        listeners.remove(listen)
+        _state.listeners.remove(listen)

@@ -39,15 +39,32 @@ import os
 import sys
 import threading
 
+from .._record import field, record
+from .._runtime import RUNTIME
 from ..cells import load_rewrite
 from . import _signals
 from ._events import warm
 
 #: seconds after daifu is installed
 DELAY_S = 2.0
-_done = threading.Event()
-#: set by ``settle``: no imports from now on
-_stopped = False
+
+
+@record
+class _Preload:
+    """The delayed imports' process state (``RUNTIME.parts``)."""
+
+    #: set when the imports are done
+    done: threading.Event = field(default_factory=threading.Event)
+    #: set by ``settle``: no imports from now on
+    stopped: bool = False
+    #: the timer was started, in the process ``pid``
+    started: bool = False
+    pid: int = 0
+    #: the seconds left when a fork stopped the timer
+    left: float | None = None
+
+
+_state = RUNTIME.part(__name__, _Preload())
 
 
 def _imports() -> None:
@@ -62,7 +79,7 @@ def _imports() -> None:
     except BaseException:  # never into the program: the crash imports them itself
         pass
     finally:
-        _done.set()
+        _state.done.set()
 
 
 _DAIFU_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -92,7 +109,7 @@ def _busy(frame) -> bool:
 
 def _now() -> None:
     """The pending call, on the main thread between two instructions."""
-    if _stopped or _done.is_set() or os.getpid() != _pid:  # (a fork's child: none)
+    if _state.stopped or _state.done.is_set() or os.getpid() != _state.pid:  # (a fork: no)
         return
     try:
         below = sys._getframe(1)
@@ -124,15 +141,14 @@ def delay_from_env() -> float | None:
 def start(delay: float | None = None) -> None:
     """Schedule the imports (once per process; not if they are done, nor
     without daifu's C module)."""
-    global _started, _pid
     delay = delay_from_env() if delay is None else delay
     timer = _timer()
-    if _started or _done.is_set() or delay is None or timer is None:
+    if _state.started or _state.done.is_set() or delay is None or timer is None:
         return
     if not timer.timer_start(delay, _now):
         return
-    _started = True
-    _pid = os.getpid()
+    _state.started = True
+    _state.pid = os.getpid()
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork)
     try:  # (ended before the interpreter's shutdown)
         threading._register_atexit(_stop_timer)  # type: ignore[attr-defined]
@@ -140,30 +156,22 @@ def start(delay: float | None = None) -> None:
         pass
 
 
-_started = False
-_pid = 0
-#: the seconds left when a fork stopped the timer
-_left: float | None = None
-
-
 def _before_fork() -> None:
-    global _left
     timer = _timer()
-    if timer is not None and not _stopped and not _done.is_set():
-        _left = timer.timer_stop()
+    if timer is not None and not _state.stopped and not _state.done.is_set():
+        _state.left = timer.timer_stop()
 
 
 def _after_fork() -> None:
     # (started again after os.fork() returns -- a pending call -- past its
     # check of the process's threads)
-    if _left is not None:
+    if _state.left is not None:
         _timer().call_soon(_resume)
 
 
 def _resume() -> None:
-    global _left
-    left, _left = _left, None
-    if left is not None and not _stopped and not _done.is_set():
+    left, _state.left = _state.left, None
+    if left is not None and not _state.stopped and not _state.done.is_set():
         _timer().timer_start(left, _now)
 
 
@@ -176,12 +184,11 @@ def _stop_timer() -> None:
 def settle(timeout: float = 5.0) -> None:
     """No imports from now on (the runner, before a ``KeyboardInterrupt``'s
     exit: see ``hooks._runner._exit_by_sigint``)."""
-    global _stopped
-    _stopped = True
+    _state.stopped = True
     _stop_timer()
 
 
 def wait(timeout: float | None = None) -> bool:
     """Wait for the imports (tests and the benchmark; not on the main thread,
     which runs them)."""
-    return _done.wait(timeout)
+    return _state.done.wait(timeout)

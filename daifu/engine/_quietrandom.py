@@ -14,6 +14,9 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from .._record import field, record
+from .._runtime import RUNTIME
+
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
@@ -25,16 +28,23 @@ _RANDOM_FUNCTIONS = ("random", "getrandbits", "randint", "randrange", "choice", 
                      "seed", "getstate", "setstate")
 
 
-#: thread ident -> [private generator, depth] while ``program_random_untouched`` runs in it
-_private_random: dict[int, list[Any]] = {}
-#: the program's ``random`` functions, while the wrappers stand in for them
-_random_originals: dict[str, Any] = {}
-_random_lock = threading.Lock()
+@record
+class _Quiet:
+    """The ``random`` wrappers' process state (``RUNTIME.parts``)."""
+
+    #: thread ident -> [private generator, depth] while ``program_random_untouched`` runs in it
+    private: dict[int, list[Any]] = field(default_factory=dict)
+    #: the program's ``random`` functions, while the wrappers stand in for them
+    originals: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_state = RUNTIME.part(__name__, _Quiet())
 
 
 def _random_wrapper(name: str, original: Any) -> Any:
     def wrapper(*args: Any, **kw: Any) -> Any:
-        private = _private_random.get(threading.get_ident())
+        private = _state.private.get(threading.get_ident())
         if private is not None:
             return getattr(private[0], name)(*args, **kw)
         return original(*args, **kw)
@@ -62,29 +72,29 @@ def program_random_untouched() -> Iterator[None]:
     import random  # lazy: 1.1 ms
 
     me = threading.get_ident()
-    with _random_lock:
-        if not _private_random:
+    with _state.lock:
+        if not _state.private:
             for name in _RANDOM_FUNCTIONS:
                 original = getattr(random, name, None)
                 if original is None or getattr(original, "__daifu_random__", False):
                     continue
-                _random_originals[name] = original
+                _state.originals[name] = original
                 setattr(random, name, _random_wrapper(name, original))
-        entry = _private_random.get(me)
+        entry = _state.private.get(me)
         if entry is None:
-            _private_random[me] = [random.Random(), 1]
+            _state.private[me] = [random.Random(), 1]
         else:
             entry[1] += 1
     try:
         yield
     finally:
-        with _random_lock:
-            entry = _private_random[me]
+        with _state.lock:
+            entry = _state.private[me]
             entry[1] -= 1
             if not entry[1]:
-                del _private_random[me]
-            if not _private_random:
-                for name, original in _random_originals.items():
+                del _state.private[me]
+            if not _state.private:
+                for name, original in _state.originals.items():
                     if getattr(getattr(random, name, None), "__daifu_random__", False):
                         setattr(random, name, original)
-                _random_originals.clear()
+                _state.originals.clear()

@@ -44,6 +44,9 @@ import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 
+from .._record import field, record
+from .._runtime import RUNTIME
+
 #: frames of daifu's own code (its package directory)
 _DAIFU = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -65,8 +68,8 @@ class _PyHandler:
         self.handler = handler
 
     def __call__(self, signum: int, frame: types.FrameType | None):
-        if not (1 << signum) & _live_set and (_held[0] or _in_daifu(frame)):
-            _waiting.add(signum)
+        if not (1 << signum) & _state.live_set and (_state.held or _in_daifu(frame)):
+            _state.waiting.add(signum)
             return None
         return self.handler(signum, frame)
 
@@ -74,9 +77,20 @@ class _PyHandler:
         return f"<daifu signal handler for {self.handler!r}>"
 
 
-_held = [0]
-_live_set = 0  # (a bit mask, as the C module's)
-_waiting: set[int] = set()
+@record
+class _Held:
+    """The Python signal hold's state, where the C module is not built
+    (``RUNTIME.parts``; the C module keeps its own)."""
+
+    #: how many holds are open (nested ``hold``s)
+    held: int = 0
+    #: the signals that reach daifu's code at once, held or not (a bit mask)
+    live_set: int = 0
+    #: the signals that came while held, delivered at ``release``
+    waiting: set[int] = field(default_factory=set)
+
+
+_state = RUNTIME.part(__name__, _Held())
 
 
 def _in_daifu(frame: types.FrameType | None) -> bool:
@@ -157,7 +171,7 @@ def hold() -> None:
     if _csignals is not None:
         _csignals.hold()
     else:
-        _held[0] += 1
+        _state.held += 1
 
 
 def release() -> list[int]:
@@ -167,11 +181,11 @@ def release() -> list[int]:
     if _csignals is not None:
         _csignals.release()
         return []
-    _held[0] = max(_held[0] - 1, 0)
-    if _held[0] or not _waiting:
+    _state.held = max(_state.held - 1, 0)
+    if _state.held or not _state.waiting:
         return []
-    late = sorted(_waiting)
-    _waiting.clear()
+    late = sorted(_state.waiting)
+    _state.waiting.clear()
     return late
 
 
@@ -187,7 +201,7 @@ def deliver(signums: Iterable[int], frame: types.FrameType) -> BaseException | N
         try:
             handler(signum, frame)
         except BaseException as exc:
-            _waiting.update(pending)
+            _state.waiting.update(pending)
             return exc
     return None
 
@@ -196,7 +210,6 @@ def deliver(signums: Iterable[int], frame: types.FrameType) -> BaseException | N
 def live(*signums: int) -> Iterator[None]:
     """While a human waits: these signals reach daifu's waiting code at once
     (Ctrl-C at the console, SIGTERM), held or not."""
-    global _live_set
     mask = 0
     for signum in signums:
         mask |= 1 << int(signum)
@@ -207,8 +220,8 @@ def live(*signums: int) -> Iterator[None]:
         finally:
             _csignals.set_live(before)
         return
-    before, _live_set = _live_set, mask
+    before, _state.live_set = _state.live_set, mask
     try:
         yield
     finally:
-        _live_set = before
+        _state.live_set = before

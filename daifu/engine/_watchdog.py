@@ -49,6 +49,8 @@ import sys
 import threading
 import time
 
+from .._record import record
+from .._runtime import RUNTIME
 from ._crash import _installed, is_plumbing
 from ._events import (
     HangDetected,
@@ -602,14 +604,22 @@ def _say(text: str) -> None:
         pass
 
 
-_started: list[Watchdog] = []
+@record
+class _Started:
+    """This rank's watchdog (``RUNTIME.parts``)."""
+
+    #: the watchdog ``start`` started (once per process), or None
+    dog: Watchdog | None = None
+
+
+_state = RUNTIME.part(__name__, _Started())
 
 
 def start(engine: Any) -> None:
     """Start this rank's watchdog (once; never raises): in a launcher's rank
     (``RANK``) of a job with a store and several ranks, unless
     ``--hang-after 0``."""
-    if _started or "RANK" not in os.environ:
+    if _state.dog is not None or "RANK" not in os.environ:
         return
     options = settings()
     if options["hang_after"] == 0:
@@ -628,7 +638,7 @@ def start(engine: Any) -> None:
                        int(info["rank"]), options, engine)
     except Exception:
         return
-    _started.append(dog)
+    _state.dog = dog
     dog.start()
     try:  # stopped when the main thread ends, before anything is finalized
         threading._register_atexit(dog.stop)  # type: ignore[attr-defined]

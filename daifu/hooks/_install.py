@@ -6,6 +6,8 @@ import os
 import sys
 from types import TracebackType
 
+from .._record import record
+from .._runtime import RUNTIME
 from ..cells import use_dynamo
 from ..engine import (
     ENGINE,
@@ -21,7 +23,18 @@ from . import _logging
 from ._config import Config
 from ._finder import DaifuFinder, vaccinate_in_place
 
-_finder: DaifuFinder | None = None
+
+@record
+class _Installed:
+    """What ``install`` did to this process (``RUNTIME.parts``)."""
+
+    #: the finder on ``sys.meta_path``
+    finder: DaifuFinder | None = None
+    #: ``ensure_engine`` set the engine up (once per process)
+    engine_ready: bool = False
+
+
+_state = RUNTIME.part(__name__, _Installed())
 
 
 class Installation:
@@ -67,7 +80,6 @@ def patch_spawn() -> None:
 def install(modules: str | None = None, entry: str | None = None,
             config: Config | None = None) -> Installation:
     """Put daifu's finder first on ``sys.meta_path`` (replacing an earlier one)."""
-    global _finder
     cfg = config or Config.from_env()
     if modules is not None:
         cfg.modules = modules
@@ -109,9 +121,9 @@ def install(modules: str | None = None, entry: str | None = None,
                    lambda: extend_collective_timeouts(lambda: ENGINE.waiters,
                                                       on_group=_start_watchdog)}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
-    _finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
+    _state.finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
                           project=cfg.the_project(), explain=cfg.explain)
-    sys.meta_path.insert(0, _finder)
+    sys.meta_path.insert(0, _state.finder)
     for name, patch in patches.items():
         if name not in later:
             patch()
@@ -119,7 +131,7 @@ def install(modules: str | None = None, entry: str | None = None,
 
     hold_signals()  # the program's signal handlers never run in daifu's code
     start_preload()  # what the first crash imports, a few seconds from now
-    return Installation(_finder)
+    return Installation(_state.finder)
 
 
 def _start_watchdog() -> None:
@@ -139,7 +151,7 @@ def _vaccinate_imported(cfg: Config) -> None:
     """Modules ``DAIFU_MODULES`` names that were imported before the hook was
     installed (by the interpreter's start-up, by daifu, by the program before
     ``daifu.install()``) are vaccinated in place."""
-    finder = _finder
+    finder = _state.finder
     if finder is None or not (cfg.matcher or finder.project is not None):
         return
 
@@ -150,20 +162,16 @@ def _vaccinate_imported(cfg: Config) -> None:
 
 
 def uninstall() -> None:
-    global _finder
-    if _finder is not None:
+    if _state.finder is not None:
         try:
-            sys.meta_path.remove(_finder)
+            sys.meta_path.remove(_state.finder)
         except ValueError:
             pass
-        _finder = None
+        _state.finder = None
 
 
 def current() -> DaifuFinder | None:
-    return _finder
-
-
-_engine_ready = False
+    return _state.finder
 
 
 def ensure_engine() -> None:
@@ -171,11 +179,10 @@ def ensure_engine() -> None:
     engine gets what the runner gives it -- the journal, ``--wait`` /
     ``DAIFU_WAIT``, the console on a terminal, ``DAIFU_LOG`` -- once per
     process, unless the runner (or an earlier call) set it up."""
-    global _engine_ready
 
-    if _engine_ready or ENGINE.journal is not None:
+    if _state.engine_ready or ENGINE.journal is not None:
         return
-    _engine_ready = True
+    _state.engine_ready = True
     cfg = Config.from_env()
     if cfg.log or os.environ.get("DAIFU_LOG_LEVEL"):
         _logging.configure(cfg.log, cfg.log_level, cfg.log_format)

@@ -38,6 +38,8 @@ import threading
 import time
 import types
 
+from ..._record import field, record
+from ..._runtime import RUNTIME
 from ...cells import cell_range, cells_of
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -63,18 +65,32 @@ def is_break(exc: BaseException) -> bool:
     return type(exc) is Break
 
 
-_lock = threading.Lock()
-#: given by the engine when it starts (``wire``): is this thread inside
-#: daifu's own handling? and the fast path's switches (``_fastpath.passing``)
-_wired: dict[str, Any] = {"busy": lambda: False, "passing": None}
-_armed: list[types.FrameType] = []  # frames given an f_trace (cleared when disarmed)
-_state: dict[str, Any] = {"armed": False, "until": 0.0}
+def _never_busy() -> bool:
+    return False
+
+
+@record
+class _Break:
+    """The pause's process state (``RUNTIME.parts``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: given by the engine when it starts (``wire``): is this thread inside
+    #: daifu's own handling? and the fast path's switches (``_fastpath.passing``)
+    busy: Any = _never_busy
+    passing: Any = None
+    #: frames given an f_trace (cleared when disarmed)
+    frames: list[types.FrameType] = field(default_factory=list)
+    armed: bool = False
+    until: float = 0.0
+
+
+_state = RUNTIME.part(__name__, _Break())
 
 
 def wire(busy: Any, passing: list) -> None:
     """What ``break`` needs of the engine: ``busy()`` (this thread is inside
     daifu's own handling) and its fast path's switches (``passing``)."""
-    _wired.update(busy=busy, passing=passing)
+    _state.busy, _state.passing = busy, passing
 
 
 def serve_break() -> int | None:
@@ -113,42 +129,42 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
 def arm(frame: types.FrameType | None) -> None:
     """Pause at the next statement of a vaccinated frame of this thread."""
 
-    passing = _wired["passing"]
-    with _lock:
-        _state["armed"] = True
-        _state["until"] = time.monotonic() + ARMED_S
+    passing = _state.passing
+    with _state.lock:
+        _state.armed = True
+        _state.until = time.monotonic() + ARMED_S
         passing[2] = False  # (no stub may pass an exception on without its barrier now)
         f = frame
         while f is not None:
             if cells_of(f.f_code) is not None:
                 f.f_trace = _local
-                _armed.append(f)
+                _state.frames.append(f)
             f = f.f_back
     sys.settrace(_global)
 
 
 def armed() -> bool:
     """Is a pause requested (``arm``) and not yet over?"""
-    return bool(_state["armed"])
+    return bool(_state.armed)
 
 
 def _disarm() -> None:
     sys.settrace(None)
-    with _lock:
-        _state["armed"] = False
-        for f in _armed:
+    with _state.lock:
+        _state.armed = False
+        for f in _state.frames:
             try:
                 f.f_trace = None
             except Exception:
                 pass
-        _armed.clear()
+        _state.frames.clear()
 
 
 def _expired() -> bool:
     """Past the deadline: drop the break (once), say so, trace no more."""
-    if time.monotonic() < _state["until"]:
+    if time.monotonic() < _state.until:
         return False
-    if _state["armed"]:
+    if _state.armed:
         _disarm()
         try:
             sys.stderr.write(f"daifu: break: dropped: the main thread reached no statement of a "
@@ -168,7 +184,7 @@ def _global(frame: types.FrameType, event: str, arg: Any):
 
 
 def _local(frame: types.FrameType, event: str, arg: Any):
-    if not _state["armed"] or _expired():
+    if not _state.armed or _expired():
         return None
     if event != "line":
         return _local
@@ -179,7 +195,7 @@ def _local(frame: types.FrameType, event: str, arg: Any):
 
 
 def _at_a_statement_start(frame: types.FrameType) -> bool:
-    if _wired["busy"]():
+    if _state.busy():
         return False  # inside daifu's own handling (a rule calling the program)
     info = cells_of(frame.f_code)
     if info is None:

@@ -39,6 +39,8 @@ import threading
 import time
 import types
 
+from ..._record import field, record
+from ..._runtime import RUNTIME
 from ..._version import __version__
 from ...cells import cells_of, original_code, read_locals
 from .._events import CheckpointFailed, CheckpointNote, CheckpointSaved, ManifestSaved, emit
@@ -51,16 +53,32 @@ if TYPE_CHECKING:
 #: seconds to wait for the loop header after SIGTERM
 DEFAULT_GRACE_S = 25.0
 
-_grace = DEFAULT_GRACE_S
-_handling = False
-_done = threading.Lock()
-#: the process that installed the handler
-_pid = -1
-#: the engine (its ``checkpoint_dir`` and ``checkpoints``), given at ``install``
-_engine: Any = None
-#: () -> this rank's ``remote._boundary.Boundary``, or None outside a job of several ranks
-_boundary: Any = None
-_fork_hook = False
+
+
+@record
+class _Preempt:
+    """The SIGTERM handler's process state (``RUNTIME.parts``)."""
+
+    grace: float = DEFAULT_GRACE_S
+    #: a SIGTERM is being handled (the handler's second call does nothing)
+    handling: bool = False
+    #: held by the one save a SIGTERM makes
+    done: threading.Lock = field(default_factory=threading.Lock)
+    #: the process that installed the handler
+    pid: int = -1
+    #: the engine (its ``checkpoint_dir`` and ``checkpoints``), given at ``install``
+    engine: Any = None
+    #: () -> this rank's ``remote._boundary.Boundary``, or None outside a job of several ranks
+    boundary: Any = None
+    #: the fork hooks are registered with ``os`` (once per process)
+    fork_hook: bool = False
+    #: the watcher's end of the signal wakeup pipe (-1: none)
+    wakeup_read: int = -1
+    #: thread id -> was SIGTERM blocked in that thread before its fork?
+    blocked_before: dict[int, bool] = field(default_factory=dict)
+
+
+_state = RUNTIME.part(__name__, _Preempt())
 #: what rank 0 leaves for the others to say where they saved, of the grace (s)
 _MANIFEST_MARGIN_S = 3.0
 #: how long rank 0 waits for every rank to say it holds sharded state at
@@ -72,8 +90,7 @@ def install(engine: Any, grace: float = DEFAULT_GRACE_S, boundary: Any = None) -
     """Handle SIGTERM (main thread only; not over a handler the program set):
     save into ``engine.checkpoint_dir``, and add the file to ``engine.checkpoints``.
     ``boundary``: () -> the rank's ``Boundary`` in a distributed job, or None."""
-    global _grace, _pid, _engine, _boundary
-    _grace, _pid, _engine, _boundary = grace, os.getpid(), engine, boundary
+    _state.grace, _state.pid, _state.engine, _state.boundary = grace, os.getpid(), engine, boundary
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
@@ -84,19 +101,16 @@ def install(engine: Any, grace: float = DEFAULT_GRACE_S, boundary: Any = None) -
         return False
     if "RANK" in os.environ:  # (a rank of a launcher's job: torchrun's)
         _watch_for_a_stuck_main_thread()
-    global _fork_hook
-    if not _fork_hook and hasattr(os, "register_at_fork"):
+    if not _state.fork_hook and hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_block_for_fork, after_in_parent=_unblock_after_fork,
                             after_in_child=_default_in_child)
-        _fork_hook = True
+        _state.fork_hook = True
     return True
 
 
 #: how long the watcher gives the main thread to run the SIGTERM handler
 #: before it takes the main thread for stuck in C (s; at most the grace)
 STUCK_S = 5.0
-#: the watcher's end of the signal wakeup pipe (-1: none)
-_wakeup_read = -1
 
 
 def _watch_for_a_stuck_main_thread() -> None:
@@ -108,8 +122,7 @@ def _watch_for_a_stuck_main_thread() -> None:
     a SIGTERM that the main thread has not begun to handle ``STUCK_S`` later
     is saved from that thread (``"mid-iteration"``), and the rank dies of
     SIGTERM.  Not over a wakeup fd the program set (asyncio's)."""
-    global _wakeup_read
-    if _wakeup_read != -1:
+    if _state.wakeup_read != -1:
         return
     try:
         r, w = os.pipe()
@@ -122,7 +135,7 @@ def _watch_for_a_stuck_main_thread() -> None:
         os.close(r)
         os.close(w)
         return
-    _wakeup_read = r
+    _state.wakeup_read = r
     threading.Thread(target=_watch, args=(r,), name="daifu-sigterm", daemon=True).start()
 
 
@@ -136,10 +149,10 @@ def _watch(r: int) -> None:
             return
         if signal.SIGTERM not in data or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
             continue
-        until = time.monotonic() + min(STUCK_S, _grace)
-        while not _handling and time.monotonic() < until:
+        until = time.monotonic() + min(STUCK_S, _state.grace)
+        while not _state.handling and time.monotonic() < until:
             time.sleep(0.05)
-        if not _handling:
+        if not _state.handling:
             _stuck()
             return
 
@@ -147,18 +160,13 @@ def _watch(r: int) -> None:
 def _stuck() -> None:
     """SIGTERM came and the main thread never got back to Python to handle
     it: save what it holds as it is, from this thread, and end."""
-    global _handling
-    _handling = True  # (the handler, should the main thread get back: nothing more)
-    if not _done.acquire(blocking=False):
+    _state.handling = True  # (the handler, should the main thread get back: nothing more)
+    if not _state.done.acquire(blocking=False):
         return
     main = sys._current_frames().get(threading.main_thread().ident or 0)
-    if "torch" in sys.modules and os.getpid() == _pid and main is not None:
+    if "torch" in sys.modules and os.getpid() == _state.pid and main is not None:
         _save(main, "mid-iteration")
     _die()
-
-
-#: thread id -> was SIGTERM blocked in that thread before its fork?
-_blocked_before: dict[int, bool] = {}
 
 
 def _block_for_fork() -> None:
@@ -167,14 +175,14 @@ def _block_for_fork() -> None:
     try:
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:
             before = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-            _blocked_before[threading.get_ident()] = signal.SIGTERM in before
+            _state.blocked_before[threading.get_ident()] = signal.SIGTERM in before
     except (ValueError, OSError, AttributeError):
         pass
 
 
 def _unblock_after_fork() -> None:
     """Let SIGTERM in again (one that came meanwhile is delivered now)."""
-    was = _blocked_before.pop(threading.get_ident(), None)
+    was = _state.blocked_before.pop(threading.get_ident(), None)
     if was is False:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
@@ -197,7 +205,7 @@ def _default_in_child() -> None:
     try:
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if _wakeup_read != -1:  # (the parent's pipe, read by the parent's watcher)
+        if _state.wakeup_read != -1:  # (the parent's pipe, read by the parent's watcher)
             signal.set_wakeup_fd(-1)
     except (ValueError, OSError):  # (not the main thread: cannot happen after fork)
         pass
@@ -270,7 +278,7 @@ def _save(frame: types.FrameType | None, state: str, reason: str = "SIGTERM",
         emit(CheckpointNote(where=where, message=message))
 
     try:
-        done = save(frame, where, None, _engine.checkpoint_dir, read_locals=read_locals,
+        done = save(frame, where, None, _state.engine.checkpoint_dir, read_locals=read_locals,
                     say=say, extra={"reason": reason, "state": state}, point=KEEPER,
                     shards=shards)
     except CheckpointError as exc:
@@ -281,7 +289,7 @@ def _save(frame: types.FrameType | None, state: str, reason: str = "SIGTERM",
         return None
     if done is None:
         return None
-    _engine.checkpoints.append(done["path"])
+    _state.engine.checkpoints.append(done["path"])
     emit(CheckpointSaved(where=where, path=done["path"], bytes=done["bytes"],
                          seconds=round(done["seconds"], 3), objects=done["objects"],
                          position={**done["position"], "state": state},
@@ -396,12 +404,11 @@ def save_hung(engine: Any, boundary: Any, deadline: float) -> str:
     that ended sooner would wake its peers' collectives with an error).
     What it did, in a few words: "saved", "not saved" or "busy" (SIGTERM is
     being handled: that path saves)."""
-    global _engine, _handling
-    if not _done.acquire(blocking=False):
+    if not _state.done.acquire(blocking=False):
         return "busy"
-    _handling = True  # (a SIGTERM now: the watchdog ends the job)
-    if _engine is None:
-        _engine = engine
+    _state.handling = True  # (a SIGTERM now: the watchdog ends the job)
+    if _state.engine is None:
+        _state.engine = engine
     main = sys._current_frames().get(threading.main_thread().ident or 0)
     step = KEEPER.steps
     boundary.target = step
@@ -421,28 +428,27 @@ def save_hung(engine: Any, boundary: Any, deadline: float) -> str:
 
 
 def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
-    global _handling
-    if _handling:
+    if _state.handling:
         return  # (a second SIGTERM while waiting: the grace timer ends it)
-    _handling = True
+    _state.handling = True
     target = None
-    if "torch" in sys.modules and os.getpid() == _pid:
+    if "torch" in sys.modules and os.getpid() == _state.pid:
         target = _training_loop_frame(frame) or _loop_frame(frame)
     if target is None:
         _die()
         return
     loop, headers = target
     main = threading.get_ident()
-    deadline = time.monotonic() + _grace
+    deadline = time.monotonic() + _state.grace
     boundary = None
-    if _boundary is not None:
+    if _state.boundary is not None:
         try:
-            boundary = _boundary()
+            boundary = _state.boundary()
         except Exception:
             boundary = None
 
     def finish(at: types.FrameType | None, state: str) -> None:
-        if not _done.acquire(blocking=False):
+        if not _state.done.acquire(blocking=False):
             return  # (the other path is saving)
         if boundary is None:
             _save(at, state)
@@ -465,7 +471,7 @@ def _on_sigterm(signum: int, frame: types.FrameType | None) -> None:
         frames = sys._current_frames()
         finish(frames.get(main), "mid-iteration")
 
-    timer = threading.Timer(_grace, grace_over)
+    timer = threading.Timer(_state.grace, grace_over)
     timer.daemon = True
     timer.start()
     loop.f_trace_lines = True

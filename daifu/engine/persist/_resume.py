@@ -46,6 +46,8 @@ import sys
 import types
 import weakref
 
+from ..._record import field, record
+from ..._runtime import RUNTIME
 from ..._version import __version__
 from ...cells import original_code, read_locals
 from .._job import placeholders
@@ -580,12 +582,22 @@ def _header_lines(code: Any, line: int, first: int) -> tuple[int, int]:
 
 # -- the hooks ---------------------------------------------------------------------------
 
-_installed: set[str] = set()
+@record
+class _Hooked:
+    """What this module did to torch's classes (``RUNTIME.parts``)."""
+
+    #: the hooks installed ("steps", "loaders", "stateful"; once per process)
+    installed: set[str] = field(default_factory=set)
+    #: the loader classes whose ``_get_iterator`` is kept -> the original
+    made_by: dict[type, Any] = field(default_factory=dict)
+
+
+_state = RUNTIME.part(__name__, _Hooked())
 
 
 def keep_steps(module: Any = None) -> None:
     """Once ``torch.optim.optimizer`` is imported: its global step hook."""
-    if "steps" in _installed:
+    if "steps" in _state.installed:
         return
     if module is None:
         import torch.optim.optimizer as module  # lazy: 1.3 s
@@ -593,14 +605,14 @@ def keep_steps(module: Any = None) -> None:
     if register is None:
         return
     register(KEEPER.on_step)
-    _installed.add("steps")
+    _state.installed.add("steps")
 
 
 def keep_loaders(module: Any = None) -> None:
     """Once ``torch.utils.data.dataloader`` is imported: the states a new
     iterator (or a persistent-workers iterator's next epoch) is made from,
     the first batch asked for after a step, and an armed loader's resume."""
-    if "loaders" in _installed:
+    if "loaders" in _state.installed:
         return
     if module is None:
         import torch.utils.data.dataloader as module  # lazy: 1.4 s
@@ -636,13 +648,13 @@ def keep_loaders(module: Any = None) -> None:
     _keep_iterators(loader_cls)
     base.__next__ = __next__
     base._reset = _reset
-    _installed.add("loaders")
+    _state.installed.add("loaders")
 
 
 def keep_stateful_loaders(module: Any = None) -> None:
     """Once torchdata's ``StatefulDataLoader`` is imported: its iterators
     are kept as a ``DataLoader``'s (it makes its own)."""
-    if "stateful" in _installed:
+    if "stateful" in _state.installed:
         return
     if module is None:
         import torchdata.stateful_dataloader.stateful_dataloader as module  # type: ignore[no-redef]  # lazy: 2.9 ms
@@ -650,11 +662,7 @@ def keep_stateful_loaders(module: Any = None) -> None:
     loader_cls = getattr(module, "StatefulDataLoader", None)
     if isinstance(loader_cls, type) and "_get_iterator" in loader_cls.__dict__:
         _keep_iterators(loader_cls)
-    _installed.add("stateful")
-
-
-#: the loader classes whose ``_get_iterator`` is kept -> the original
-_made_by: dict[type, Any] = {}
+    _state.installed.add("stateful")
 
 
 def _keep_iterators(loader_cls: type) -> None:
@@ -674,7 +682,7 @@ def _keep_iterators(loader_cls: type) -> None:
 
     _get_iterator.__qualname__ = f"{loader_cls.__qualname__}._get_iterator"
     _get_iterator._daifu = True  # type: ignore[attr-defined]
-    _made_by[loader_cls] = get_iterator
+    _state.made_by[loader_cls] = get_iterator
     loader_cls._get_iterator = _get_iterator  # type: ignore[attr-defined]
 
 
@@ -696,7 +704,7 @@ def _stateful_state(loader: Any, made: dict[str, Any], batches: int) -> Any:
     resume point: that of an iterator made again from the same states with
     the same batches taken by index (nothing loaded); None where that
     cannot be had (its own ``state_dict()`` there costs ~65 us a batch)."""
-    get_iterator = _made_by.get(type(loader))
+    get_iterator = _state.made_by.get(type(loader))
     dataset = getattr(loader, "dataset", None)
     torch = sys.modules["torch"]
     if get_iterator is None or isinstance(dataset, torch.utils.data.IterableDataset):

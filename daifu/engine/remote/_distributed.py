@@ -36,6 +36,8 @@ import time
 import types
 
 from ..._errors import PatchError
+from ..._record import field, record
+from ..._runtime import RUNTIME
 from ...cells import get as loaded_file
 from .._decision import CONTINUE, RETRY, SKIP, Decision
 from .._events import TimeoutExtended, emit
@@ -588,22 +590,38 @@ def _rank() -> str:
 # nonces -- its own fresh one among them: each peer took part in *this*
 # attempt, and all took the same values.
 
-_rounds = 0
-_rounds_lock = threading.Lock()
+
+
+@record
+class _Rounds:
+    """This rank's agreements (``RUNTIME.parts``)."""
+
+    #: how many agreement rounds this rank began (each round's number)
+    rounds: int = 0
+    rounds_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: is this rank handling a crash now (``mark_at_crash``)?
+    at_crash_here: bool = False
+    #: this user's key, read once (``_key``)
+    key: bytes | None = None
+
+    def __repr__(self) -> str:  # (never the key)
+        return (f"_Rounds(rounds={self.rounds}, at_crash_here={self.at_crash_here}, "
+                f"key={'set' if self.key is not None else None})")
+
+
+_state = RUNTIME.part(__name__, _Rounds())
 #: how long an agreement waits for its peers before it asks whether they are
 #: at a crash at all (``mark_at_crash``)
 AGREE_GRACE_S = 2.0
-#: this user's key, read once (``_key``)
-_KEY: list[bytes] = []
 
 
 def _key() -> bytes:
     """This user's daifu key (``_seal.load_key``); raises ``SealError``."""
-    if not _KEY:
+    if _state.key is None:
         from ._seal import load_key  # lazy: 12.4 ms
 
-        _KEY.append(load_key(create=True))
-    return _KEY[0]
+        _state.key = load_key(create=True)
+    return _state.key
 
 
 def _job() -> str:
@@ -620,19 +638,17 @@ def _crash_key(rank: int) -> str:
     return f"daifu/at-crash/{rank}"
 
 
-#: is this rank handling a crash now (``mark_at_crash``)?
-_at_crash_here = [False]
 
 
 def at_crash_here() -> bool:
     """Is this rank handling a crash (the watchdog's peers then wait for it)?"""
-    return _at_crash_here[0]
+    return _state.at_crash_here
 
 
 def mark_at_crash(on: bool) -> None:
     """Say in the job's store, sealed, whether this rank is handling a crash
     (an agreement's peers read it to fail fast).  Never raises."""
-    _at_crash_here[0] = bool(on)
+    _state.at_crash_here = bool(on)
     if not active():
         return
     try:
@@ -824,10 +840,9 @@ def agree(decision: Decision, crash: Crash) -> None:
         raise PatchError(f"{decision.value} for all ranks: {exc} -- the ranks agree through "
                          "the job's store, sealed with this user's daifu key "
                          "(DAIFU_JOB_KEY_FILE)") from None
-    global _rounds
-    with _rounds_lock:
-        _rounds += 1
-        n = _rounds
+    with _state.rounds_lock:
+        _state.rounds += 1
+        n = _state.rounds
     store, world, rank = _world()
     mine = f"{crash.where}|{crash.statement}|{decision.value}"
     timeout = _agree_timeout()
@@ -835,8 +850,8 @@ def agree(decision: Decision, crash: Crash) -> None:
     try:
         theirs = meeting.run(mine, _job_reason(decision, crash) or "", timeout)
     except Exception as exc:
-        with _rounds_lock:
-            _rounds -= 1  # this round never happened; the next try reuses its number
+        with _state.rounds_lock:
+            _state.rounds -= 1  # this round never happened; the next try reuses its number
         meeting.withdraw()  # and a later round must not find this rank's answer to this one
         absent = exc.absent if isinstance(exc, _NotAgreed) else []
         forged = exc.forged if isinstance(exc, _NotAgreed) else []

@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 
+from ..._record import record
+from ..._runtime import RUNTIME
 from .._crash import _installed, is_plumbing
 from .._events import RelayUnavailable, StoreDropped, emit
 from .._job import distributed, job_file_info
@@ -536,7 +538,15 @@ def collectives(limit: int = 12) -> list[dict] | None:
     return [c for group in by_pg.values() for c in group[-limit:]]
 
 
-_relay: list[Relay] = []
+@record
+class _Relayed:
+    """This rank's relay (``RUNTIME.parts``)."""
+
+    #: the relay ``start_relay`` started (once per process), or None
+    relay: Relay | None = None
+
+
+_state = RUNTIME.part(__name__, _Relayed())
 
 
 def start_relay() -> None:
@@ -545,7 +555,7 @@ def start_relay() -> None:
     that cannot be had (missing where ``DAIFU_JOB_KEY_FILE`` points, others
     can read it, too short) is said here, as the rank starts
     (``relay.unavailable``), not first when someone sends it a command."""
-    if _relay or not enabled():
+    if _state.relay is not None or not enabled():
         return
 
     where: dict = {}
@@ -562,7 +572,7 @@ def start_relay() -> None:
         return
     except ValueError:
         return
-    _relay.append(relay)
+    _state.relay = relay
     relay.start()
     try:  # stopped when the main thread ends, before anything is finalized (see stop)
         threading._register_atexit(relay.stop)  # type: ignore[attr-defined]

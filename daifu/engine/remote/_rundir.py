@@ -12,6 +12,8 @@ import sys
 
 from ..._private import check_private as _check_private
 from ..._private import open_private
+from ..._record import field, record
+from ..._runtime import RUNTIME
 
 RUNTIME_ENV = "DAIFU_RUNTIME_DIR"
 
@@ -93,7 +95,17 @@ def check_private(path: str) -> None:
 
 # -- job files: the running jobs ``ps`` lists ------------------------------------------
 
-_registered: list[tuple[int, str]] = []  # (pid, path): a forked child leaves it alone
+@record
+class _Registered:
+    """This process's job files (``RUNTIME.parts``)."""
+
+    #: (pid, path) of each job file written: a forked child leaves it alone
+    files: list[tuple[int, str]] = field(default_factory=list)
+    #: the descriptors faulthandler writes stacks to (kept open)
+    stacks: list[int] = field(default_factory=list)
+
+
+_state = RUNTIME.part(__name__, _Registered())
 
 
 def _js(value) -> str:
@@ -128,7 +140,7 @@ def register_job(info: dict) -> str | None:
             fh.write(_js(info) + "\n")
     except (OSError, EndpointError):
         return None
-    _registered.append((os.getpid(), path))
+    _state.files.append((os.getpid(), path))
     return path
 
 
@@ -161,18 +173,15 @@ def serve_stacks() -> int | None:
     except (OSError, ValueError, RuntimeError):
         os.close(fd)
         return None
-    _stacks_files.append(fd)  # (kept open: faulthandler writes to it)
-    _registered.append((os.getpid(), path))
+    _state.stacks.append(fd)  # (kept open: faulthandler writes to it)
+    _state.files.append((os.getpid(), path))
     return STACKS_SIGNAL
-
-
-_stacks_files: list = []
 
 
 def unregister_job() -> None:
     directories = set()
-    while _registered:
-        pid, path = _registered.pop()
+    while _state.files:
+        pid, path = _state.files.pop()
         if pid == os.getpid():
             try:
                 os.unlink(path)
