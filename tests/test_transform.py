@@ -438,6 +438,26 @@ def _canonical(code):
     return seq, handlers, code.co_stacksize
 
 
+def test_module_code_with_more_constants_and_names_than_a_byte_is_retried_exactly():
+    # 400 statements, each a constant and a name of its own: every stub's
+    # constants and names sit past index 255 (EXTENDED_ARG), or the shared
+    # part of the stubs is given the first indices after the original's
+    body = "".join(f"v{i} = {i} + 1000\n" for i in range(400))
+    source = PRELUDE + body + "middle = flaky('m')\n" + body.replace("v", "w") + \
+        "total = sum(globals()[f'w{i}'] for i in range(400))\n"
+    expected = plain(source)
+
+    @daifu.on(Exception)
+    def retry(crash):
+        return daifu.RETRY
+
+    ns = vaccinate(source.replace('STATE = {"fail": 0}', 'STATE = {"fail": 1}'),
+                   module_level=True)
+    assert ns["STATE"] == {"fail": 0}  # it failed once, and was retried
+    assert (ns["middle"], ns["total"], ns["v399"]) == \
+        (expected["middle"], expected["total"], expected["v399"])
+
+
 def _codes(code):
     yield code
     for const in code.co_consts:

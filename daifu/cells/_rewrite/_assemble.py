@@ -118,7 +118,7 @@ def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, ob
     encode: the caller leaves all of it to ``bytecode``."""
     try:
         return _splice(items, code, const_updates, stacksize)
-    except _Expand:  # (a constant or name of a template's past index 255: rare)
+    except _Expand:  # (a constant or name of a template's past index 255: big code objects)
         return _splice(expand(items), code, const_updates, stacksize)
 
 
@@ -144,7 +144,15 @@ def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, o
     consts, names = list(code.co_consts), list(code.co_names)
     for index, value in const_updates.items():
         consts[index] = value
-    lay = _Layout(items, _Tables(consts, names))
+    tables = _Tables(consts, names)
+    # the chunks' constants and names first, right after the original's (the
+    # cells' constants come after them): a code object with many cells
+    # still has them in one byte; one past a byte is known before the layout
+    for shape in {it.chunk.shape: None for it in items if it.chunk is not None}:
+        for _pos, how, value in _template_of(shape).patches:
+            if tables.index(how, value) > 0xFF:
+                raise _Expand
+    lay = _Layout(items, tables)
     table = bytearray()
     label_off = lay.label_off
     for start, stop, (target, lasti, depth) in _merged(lay.ranges()):
@@ -397,9 +405,13 @@ _TEMPLATES: dict[tuple, _Template] = {}
 
 
 def _template(chunk: _Chunk) -> _Template:
-    tpl = _TEMPLATES.get(chunk.shape)
+    return _template_of(chunk.shape)
+
+
+def _template_of(shape: tuple) -> _Template:
+    tpl = _TEMPLATES.get(shape)
     if tpl is None:
-        tpl = _TEMPLATES[chunk.shape] = _Template(chunk.shape)
+        tpl = _TEMPLATES[shape] = _Template(shape)
     return tpl
 
 
