@@ -7,8 +7,9 @@
   the CI smoke run (``--benchmark-disable``) checks that the harness works.
 * Every number goes into ``RESULTS``, with the test that measured it; with
   ``DAIFU_PERF_REPORT=FILE`` the session rewrites the results table in that
-  Markdown file however the run ends: the rows of a test that failed (a target
-  missed) are marked, and the table's first line names those tests.
+  Markdown file however the run ends: the rows with a target of a test that
+  failed (a target missed) are marked, and the table's first line names
+  those tests.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _render() -> str:
         shown = f"{value:+.2%}" if row["unit"] == "ratio" else (
             f"{value:.3g} {row['unit']}" if isinstance(value, float) else f"{value} {row['unit']}")
         note = row["note"]
-        if row["test"] in FAILED:
+        if row["test"] in FAILED and row["target"]:  # (a row without a target missed nothing)
             note = f"**MISSED** {note}".rstrip()
         lines.append(f"| {row['name']} | {shown} | {row['target']} | {note} |")
     return "\n".join(lines)
