@@ -76,7 +76,6 @@ examples:
   DAIFU_MODULES=mylib python -m daifu -m mylib.train --lr 0.1"""
 
 
-
 #: launchers of distributed jobs: under daifu they would be protected, not their workers
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
 

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 DEFAULT_GRACE_S = 25.0
 
 
-
 @record
 class _Preempt:
     """The SIGTERM handler's process state (``RUNTIME.parts``)."""
@@ -79,6 +78,7 @@ class _Preempt:
 
 
 _state = RUNTIME.part(__name__, _Preempt())
+
 #: what rank 0 leaves for the others to say where they saved, of the grace (s)
 _MANIFEST_MARGIN_S = 3.0
 #: how long rank 0 waits for every rank to say it holds sharded state at

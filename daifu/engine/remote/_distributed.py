@@ -591,7 +591,6 @@ def _rank() -> str:
 # attempt, and all took the same values.
 
 
-
 @record
 class _Rounds:
     """This rank's agreements (``RUNTIME.parts``)."""
@@ -610,6 +609,7 @@ class _Rounds:
 
 
 _state = RUNTIME.part(__name__, _Rounds())
+
 #: how long an agreement waits for its peers before it asks whether they are
 #: at a crash at all (``mark_at_crash``)
 AGREE_GRACE_S = 2.0
@@ -636,8 +636,6 @@ def _world() -> tuple[Any, int, int]:
 
 def _crash_key(rank: int) -> str:
     return f"daifu/at-crash/{rank}"
-
-
 
 
 def at_crash_here() -> bool:

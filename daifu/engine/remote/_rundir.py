@@ -91,8 +91,6 @@ def check_private(path: str) -> None:
     _check_private(path, "control sockets", EndpointError)
 
 
-
-
 # -- job files: the running jobs ``ps`` lists ------------------------------------------
 
 @record
