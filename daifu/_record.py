@@ -103,6 +103,18 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     init(self, *args, **kwargs)
 
 
+def prepare(*modules: Any) -> None:
+    """Compile now the ``__init__`` of each record class defined in
+    ``modules`` that was never instantiated (what its first instance would
+    do): for the classes a path that must be quick makes (the engine's, at
+    a crash: the preload)."""
+    for module in modules:
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and vars(cls).get("__init__") is _init \
+                    and cls.__module__ == module.__name__:
+                cls.__init__ = _compile_init(vars(cls)["__record__"], cls)  # type: ignore
+
+
 def _compile_init(spec: _Spec, cls: type) -> Callable[..., None]:
     params, body = ["self"], []
     env: dict[str, Any] = {"__r_setattr": object.__setattr__, "__r_missing": _MISSING}

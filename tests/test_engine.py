@@ -1029,3 +1029,25 @@ def test_the_preload_waits_while_daifu_code_called_by_the_program_runs():
     finally:
         _events._state.listeners.pop()
     assert seen == [True]
+
+
+def test_the_preload_compiles_what_the_engine_makes_at_a_crash(tmp_path):
+    # a record class compiles its __init__ at its first instance (~0.1 ms):
+    # at the first crash that was five of them between the rule's answer and
+    # the retried statement; the preload compiles them before any crash
+    import subprocess
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from daifu import _record\n"
+        "from daifu.engine import _decision, _engine, _queue, _preload, _repeats, _rules\n"
+        "mods = (_decision, _engine, _queue, _repeats, _rules)\n"
+        "lazy = lambda: sorted(c.__qualname__ for m in mods for c in vars(m).values()\n"
+        "    if isinstance(c, type) and c.__module__ == m.__name__\n"
+        "    and vars(c).get('__init__') is _record._init)\n"
+        "before = lazy()\n"
+        "_preload._imports()\n"
+        "print(bool(before), lazy(), _queue.Applied.__init__.__qualname__)\n")
+    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split("\n")[0] == "True [] Applied.__init__", out.stderr

@@ -47,8 +47,8 @@ from importlib.util import find_spec
 
 from .._errors import DaifuWarning
 from .._private import check_private
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field
+from .._runtime import RUNTIME, state_record
 from .._version import __version__
 
 # (the C modules themselves: ``hashlib`` loads OpenSSL and ``pickle`` a dozen
@@ -70,7 +70,7 @@ PROTOCOL = 5
 MAX_AGE_S = 30 * 24 * 3600
 
 
-@record
+@state_record
 class _Refusals:
     """The code cache's process state (``RUNTIME.parts``)."""
 

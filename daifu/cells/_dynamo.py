@@ -51,8 +51,8 @@ import types
 import warnings
 
 from .._errors import DaifuWarning
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field
+from .._runtime import RUNTIME, state_record
 from ._cell import cells_of
 from ._lazy import pending_of
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 
 
-@record
+@state_record
 class _Patched:
     """What this module did to TorchDynamo (``RUNTIME.parts``)."""
 

@@ -37,8 +37,8 @@ import warnings
 import weakref
 
 from .._errors import NotVaccinatedWarning
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field
+from .._runtime import RUNTIME, state_record
 from ._cell import cells_of
 from ._dispatch import backend
 from ._versions import current
@@ -54,7 +54,7 @@ _CO_NOT_STUBBED = 0x20 | 0x80 | 0x200 | 0x100
 _HELPER, _PENDING = "__daifu_first_call__", "__daifu_pending__"
 
 
-@record
+@state_record
 class _Wired:
     """The first-call stubs' process state (``RUNTIME.parts``)."""
 

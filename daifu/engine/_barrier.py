@@ -9,8 +9,7 @@ import threading
 import types
 from collections.abc import Callable
 
-from .._record import record
-from .._runtime import RUNTIME
+from .._runtime import RUNTIME, state_record
 from ..cells import INFOS as _INFOS
 from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
 from ._engine import ENGINE
@@ -29,7 +28,7 @@ _MAIN = threading.main_thread().ident
 __all__ = ["barrier", "entry", "judge", "passing"]
 
 
-@record
+@state_record
 class _Entry:
     """Which barrier the stubs call (``RUNTIME.parts``)."""
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 from .._record import FrozenInstanceError, record
 from .._record import field as _part_field
-from .._runtime import RUNTIME
+from .._runtime import RUNTIME, state_record
 from ._job import distributed
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -510,7 +510,7 @@ class _Sink:
     logger: Any = None
 
 
-@record
+@state_record
 class _Events:
     """Where this process's events go, and who else sees them (``RUNTIME.parts``)."""
 

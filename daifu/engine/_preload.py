@@ -39,17 +39,17 @@ import os
 import sys
 import threading
 
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field, prepare
+from .._runtime import RUNTIME, state_record
 from ..cells import load_rewrite
-from . import _signals
+from . import _decision, _engine, _queue, _repeats, _rules, _signals
 from ._events import warm
 
 #: seconds after daifu is installed
 DELAY_S = 2.0
 
 
-@record
+@state_record
 class _Preload:
     """The delayed imports' process state (``RUNTIME.parts``)."""
 
@@ -76,6 +76,11 @@ def _imports() -> None:
         load_rewrite()
 
         warm()
+        # the records the engine makes at a crash (a decision, what applying
+        # it did, the repeats): their ``__init__`` is compiled at a class's
+        # first instance, ~0.1 ms each, which the first crash would pay
+        # between the rule's answer and the retried statement
+        prepare(_decision, _engine, _queue, _repeats, _rules)
     except BaseException:  # never into the program: the crash imports them itself
         pass
     finally:

@@ -14,8 +14,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field
+from .._runtime import RUNTIME, state_record
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ _RANDOM_FUNCTIONS = ("random", "getrandbits", "randint", "randrange", "choice", 
                      "seed", "getstate", "setstate")
 
 
-@record
+@state_record
 class _Quiet:
     """The ``random`` wrappers' process state (``RUNTIME.parts``)."""
 

@@ -44,8 +44,8 @@ import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 
-from .._record import field, record
-from .._runtime import RUNTIME
+from .._record import field
+from .._runtime import RUNTIME, state_record
 
 #: frames of daifu's own code (its package directory)
 _DAIFU = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -77,7 +77,7 @@ class _PyHandler:
         return f"<daifu signal handler for {self.handler!r}>"
 
 
-@record
+@state_record
 class _Held:
     """The Python signal hold's state, where the C module is not built
     (``RUNTIME.parts``; the C module keeps its own)."""

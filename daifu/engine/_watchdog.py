@@ -49,8 +49,7 @@ import sys
 import threading
 import time
 
-from .._record import record
-from .._runtime import RUNTIME
+from .._runtime import RUNTIME, state_record
 from ._crash import _installed, is_plumbing
 from ._events import (
     HangDetected,
@@ -604,7 +603,7 @@ def _say(text: str) -> None:
         pass
 
 
-@record
+@state_record
 class _Started:
     """This rank's watchdog (``RUNTIME.parts``)."""
 

@@ -6,8 +6,7 @@ import os
 import sys
 from types import TracebackType
 
-from .._record import record
-from .._runtime import RUNTIME
+from .._runtime import RUNTIME, state_record
 from ..cells import use_dynamo
 from ..engine import (
     ENGINE,
@@ -24,7 +23,7 @@ from ._config import Config
 from ._finder import DaifuFinder, vaccinate_in_place
 
 
-@record
+@state_record
 class _Installed:
     """What ``install`` did to this process (``RUNTIME.parts``)."""
 

@@ -38,8 +38,8 @@ import threading
 import time
 import types
 
-from ..._record import field, record
-from ..._runtime import RUNTIME
+from ..._record import field
+from ..._runtime import RUNTIME, state_record
 from ...cells import cell_range, cells_of
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -69,7 +69,7 @@ def _never_busy() -> bool:
     return False
 
 
-@record
+@state_record
 class _Break:
     """The pause's process state (``RUNTIME.parts``)."""
 

@@ -39,8 +39,8 @@ import threading
 import time
 import types
 
-from ..._record import field, record
-from ..._runtime import RUNTIME
+from ..._record import field
+from ..._runtime import RUNTIME, state_record
 from ..._version import __version__
 from ...cells import cells_of, original_code, read_locals
 from .._events import CheckpointFailed, CheckpointNote, CheckpointSaved, ManifestSaved, emit
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 DEFAULT_GRACE_S = 25.0
 
 
-@record
+@state_record
 class _Preempt:
     """The SIGTERM handler's process state (``RUNTIME.parts``)."""
 

@@ -46,8 +46,8 @@ import sys
 import types
 import weakref
 
-from ..._record import field, record
-from ..._runtime import RUNTIME
+from ..._record import field
+from ..._runtime import RUNTIME, state_record
 from ..._version import __version__
 from ...cells import original_code, read_locals
 from .._job import placeholders
@@ -582,7 +582,7 @@ def _header_lines(code: Any, line: int, first: int) -> tuple[int, int]:
 
 # -- the hooks ---------------------------------------------------------------------------
 
-@record
+@state_record
 class _Hooked:
     """What this module did to torch's classes (``RUNTIME.parts``)."""
 

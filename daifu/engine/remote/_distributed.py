@@ -36,8 +36,8 @@ import time
 import types
 
 from ..._errors import PatchError
-from ..._record import field, record
-from ..._runtime import RUNTIME
+from ..._record import field
+from ..._runtime import RUNTIME, state_record
 from ...cells import get as loaded_file
 from .._decision import CONTINUE, RETRY, SKIP, Decision
 from .._events import TimeoutExtended, emit
@@ -591,7 +591,7 @@ def _rank() -> str:
 # attempt, and all took the same values.
 
 
-@record
+@state_record
 class _Rounds:
     """This rank's agreements (``RUNTIME.parts``)."""
 

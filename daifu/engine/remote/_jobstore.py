@@ -46,8 +46,7 @@ import sys
 import threading
 import time
 
-from ..._record import record
-from ..._runtime import RUNTIME
+from ..._runtime import RUNTIME, state_record
 from .._crash import _installed, is_plumbing
 from .._events import RelayUnavailable, StoreDropped, emit
 from .._job import distributed, job_file_info
@@ -538,7 +537,7 @@ def collectives(limit: int = 12) -> list[dict] | None:
     return [c for group in by_pg.values() for c in group[-limit:]]
 
 
-@record
+@state_record
 class _Relayed:
     """This rank's relay (``RUNTIME.parts``)."""
 

@@ -12,8 +12,8 @@ import sys
 
 from ..._private import check_private as _check_private
 from ..._private import open_private
-from ..._record import field, record
-from ..._runtime import RUNTIME
+from ..._record import field
+from ..._runtime import RUNTIME, state_record
 
 RUNTIME_ENV = "DAIFU_RUNTIME_DIR"
 
@@ -93,7 +93,7 @@ def check_private(path: str) -> None:
 
 # -- job files: the running jobs ``ps`` lists ------------------------------------------
 
-@record
+@state_record
 class _Registered:
     """This process's job files (``RUNTIME.parts``)."""
 
