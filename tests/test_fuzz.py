@@ -82,9 +82,11 @@ def test_the_harness_tells_a_difference_from_noise(tmp_path):
     verdict, report = check(tmp_path, "def f(x):\n    return x[0]\nprint(f.__code__.co_code)\n")
     assert verdict == "differs" and "differs (outcome)" in report, report
     assert check(tmp_path, "import time\nprint(time.perf_counter_ns())\n")[0] == "unstable"
-    # (a set of functions iterates in address order: seed 563 on 3.13 "differed" so)
+    # a set of functions iterates in address order (seed 563 on 3.13 "differed"
+    # so): never a difference of daifu's -- "unstable" where the heaps gave the
+    # runs other orders, "same" where they happened to give one
     assert check(tmp_path, "def f(): pass\ndef g(): pass\nfor x in {f, g, 1}:\n"
-                           "    print(getattr(x, '__name__', x))\n")[0] == "unstable"
+                           "    print(getattr(x, '__name__', x))\n")[0] in ("unstable", "same")
     assert check(tmp_path, "while True:\n    pass\n", "--budget", "0.2")[0] == "slow"
     verdict, report = check(tmp_path, "try:\n    [][0]\nexcept IndexError as e:\n"
                                       "    print(e)\nraise SystemExit(3)\n")
