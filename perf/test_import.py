@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import ASSERT, FULL, fresh, record, size
+from conftest import ASSERT, fresh, record, size
 
 from daifu.cells import Selection, options, vaccinate_source
 from daifu.cells._cache import CodeCache
@@ -393,8 +393,6 @@ def test_cold_start(tmp_path, case):
     import daifu
 
     name, program, opts, time_target, rss_target, warm_target = COLD[case]
-    if "networkx" in name and not FULL:  # (skipped in CI's smoke run only)
-        pytest.skip("networkx's cold start takes a minute: make bench only")
     # daifu's own .pyc, as an installed daifu has them (an editable install
     # under PYTHONDONTWRITEBYTECODE has none: every start compiles daifu)
     compileall.compile_dir(str(Path(daifu.__file__).parent), quiet=1)
