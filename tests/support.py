@@ -10,7 +10,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from daifu.cells import Selection, vaccinate_source
+from daifu.cells import Selection, options, vaccinate_source
 
 _counter = itertools.count()
 
@@ -73,8 +73,11 @@ def assert_identical(a: dict, b: dict) -> None:
 
 
 def vaccinate(source: str, entries=("**",), module_level: bool = False, name: str | None = None,
-              lazy: bool = False):
-    """Compile ``source`` with daifu's rewrite and return its namespace.
+              lazy: bool = False, armed: bool = False):
+    """Compile ``source`` with daifu's rewrite and return its namespace
+    (``armed``: armed code, vaccinated at its first exception, as the runner
+    makes it; the tests' ``options.strict`` is off for it, as strict
+    mode rewrites everything at once).
 
     The source is registered with linecache so tracebacks and inspect work.
     """
@@ -82,8 +85,13 @@ def vaccinate(source: str, entries=("**",), module_level: bool = False, name: st
     name = name or f"snippet_{next(_counter)}"
     filename = f"/daifu-tests/{name}.py"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    code, report = vaccinate_source(source, filename, Selection(entries, module_level, lazy),
-                                    module=name)
+    strict, options.strict = options.strict, options.strict and not armed
+    try:
+        code, report = vaccinate_source(source, filename,
+                                        Selection(entries, module_level, lazy, armed=armed),
+                                        module=name)
+    finally:
+        options.strict = strict
     namespace = {"__name__": name, "__file__": filename}
     exec(code, namespace)
     namespace["__report__"] = report

@@ -171,9 +171,12 @@ def closure_counter(xs):
 '''
 
 
-@pytest.fixture
-def m():
-    return vaccinate(SOURCE)
+@pytest.fixture(params=["vaccinated", "armed"])
+def m(request):
+    """The module vaccinated at import, and armed (``cells._armed``: each
+    function rewritten at its first exception, its frame moved onto the new
+    code): the same recoveries."""
+    return vaccinate(SOURCE, armed=request.param == "armed")
 
 
 def test_retry_top_level_of_loop_body(m):

@@ -37,6 +37,7 @@ from ._cell import (
     resolve,
     route_catch,
 )
+from ._armed import upgrade
 from ._context import FrameContext, read_locals
 from ._dispatch import SUPPORTED, backend, cell_at, cell_range
 from ._lazy import original_code, pending_of, use_dynamo
@@ -121,6 +122,7 @@ __all__ = [
     "set_const",
     "source_for_file",
     "target_files",
+    "upgrade",
     "use_barrier",
     "vaccinate_function",
     "vaccinate_loaded",

@@ -79,6 +79,22 @@ class Backend(Protocol):
         """The function object executing ``frame``, if it can be found."""
         ...
 
+    def arm(self, code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope: Any,
+            replace_consts: dict | None = None) -> types.CodeType:
+        """``code`` armed (``_armed``): vaccinated at its first exception."""
+        ...
+
+    def trap_path(self, armed: types.CodeType, new: types.CodeType,
+                  lasti: int) -> tuple | None:
+        """Where armed code's trap for instruction ``lasti`` calls the upgrade,
+        and where vaccinated ``new`` calls the barrier for that cell."""
+        ...
+
+    def swap_code(self, frame: types.FrameType, new: types.CodeType, call_old: int,
+                  resume_old: int, call_new: int, resume_new: int) -> bool:
+        """Move a frame suspended in a Python call onto ``new`` (``_armed``)."""
+        ...
+
     def returns_truthy(self, code: types.CodeType) -> bool:
         """Can (unmodified) code return something other than a false constant?"""
         ...

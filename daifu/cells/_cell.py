@@ -23,6 +23,7 @@ import os
 import types
 
 from .._record import field, record
+from .._runtime import RUNTIME, state_record
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -132,8 +133,8 @@ PASSING = "__daifu_passing__"
 #: (``engine._fastpath.passing``); then what every barrier call needs
 #: (``use_barrier``): ``sys``, the barrier, and ``sys.getprofile`` and
 #: ``sys.gettrace`` as method-wrappers (called through ``__call__``: no
-#: profile event)
-P_EXC, P_STUB, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE = range(7)
+#: profile event); what an armed function's trap calls (``_armed``)
+P_EXC, P_STUB, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE, P_UPGRADE = range(8)
 
 
 def own_catch(guards) -> str | None:
@@ -218,6 +219,17 @@ class CodeInfo:
     #: the text of the source this code was made from, once a reload made
     #: another text the file's running source (None: the registry's text)
     source: str | None = None
+    #: armed (``_armed``): the code made at import holds only traps; its
+    #: vaccinated code (``upgraded``, with the cells) is made at its first
+    #: exception, or when something asks for its cells (``cells_of``)
+    armed: bool = False
+    upgraded: types.CodeType | None = None
+    #: where the armed code's traps begin: below it, both codes hold the same
+    #: instructions at the same offsets (the cells' ranges are the vaccinated
+    #: code's)
+    armed_end: int = 0
+    #: why the armed code could not be vaccinated (it then runs as it is)
+    refused: str | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -228,6 +240,12 @@ class CodeInfo:
     def __setstate__(self, state: dict) -> None:  # (loaded from the code cache)
         self.__dict__.update(state)
         _INFOS[self.key] = self
+
+    def __getstate__(self) -> dict:  # (the upgrade is this process's, not the cache's)
+        state = dict(self.__dict__)
+        if self.armed:
+            state.update(upgraded=None, refused=None, cells=[], ranges=None, armed_end=0)
+        return state
 
     def ref(self, cell: Cell) -> tuple:
         """The constant a cell's stub loads (see ``resolve``)."""
@@ -240,6 +258,8 @@ class CodeInfo:
 
 #: the first item of the constant each cell's stub loads: (CELL_MARK, key, index)
 CELL_MARK = "daifu.cell"
+#: the first item of the constant an armed function's traps load: (ARMED_MARK, key)
+ARMED_MARK = "daifu.armed"
 #: every CodeInfo made or loaded in this process, by key (a vaccinated
 #: function's code refers to its info only through the key)
 _INFOS: dict[str, CodeInfo] = {}
@@ -347,7 +367,20 @@ class Cell(Capabilities):
 
 
 def cells_of(code: types.CodeType) -> CodeInfo | None:
-    """Return the ``CodeInfo`` of a vaccinated code object, or ``None``."""
+    """Return the ``CodeInfo`` of a vaccinated code object, or ``None``.  For
+    armed code, its cells are made first (``_armed``: the rewrite, not the
+    upgrade of a running frame); None if it cannot be vaccinated."""
+    info = info_of(code)
+    if info is not None and info.armed and info.upgraded is None:
+        complete = _wired.complete
+        if info.refused is not None or complete is None or complete(info, code) is None:
+            return None
+    return info
+
+
+def info_of(code: types.CodeType) -> CodeInfo | None:
+    """The ``CodeInfo`` of vaccinated or armed code as it is (``cells_of``
+    without making an armed function's cells): for its original code."""
     info = _INFO_BY_ID.find(id(code), code)
     if info is MISSING:
         info = _scan(code)
@@ -360,7 +393,27 @@ def _scan(code: types.CodeType) -> CodeInfo | None:
         if is_cell_ref(const):
             cell = resolve(const)
             return cell.info if cell is not None else None
+        if type(const) is tuple and len(const) == 2 and const[0] == ARMED_MARK:
+            info = _INFOS.get(const[1]) if type(const[1]) is str else None
+            return info if info is not None and info.armed else None
     return None
+
+
+@state_record
+class _Wired:
+    """What the transform gives this module (``use_completion``)."""
+
+    #: ``complete(info, armed code)``: the vaccinated code of armed code
+    #: (its cells in ``info``), or None
+    complete: Any = None
+
+
+_wired = RUNTIME.part(__name__, _Wired())
+
+
+def use_completion(complete: Any) -> None:
+    """``complete(info, armed code)`` (``_armed.complete``)."""
+    _wired.complete = complete
 
 
 class IdentityMemo:
@@ -397,5 +450,6 @@ _INFO_BY_ID = IdentityMemo()
 
 
 def is_vaccinated(code: Any) -> bool:
-    """True if ``code`` (a code object) was produced by daifu's rewrite."""
-    return isinstance(code, types.CodeType) and cells_of(code) is not None
+    """True if ``code`` (a code object) was produced by daifu's rewrite
+    (armed or vaccinated)."""
+    return isinstance(code, types.CodeType) and info_of(code) is not None

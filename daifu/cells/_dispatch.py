@@ -44,7 +44,12 @@ def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
 
 def cell_range(info: CodeInfo, code: types.CodeType, offset: int
                ) -> tuple[int, int, Cell, bool] | None:
-    """(start, stop, cell, in its retry copy) of the range holding ``offset``."""
+    """(start, stop, cell, in its retry copy) of the range holding ``offset``
+    (of armed code: its vaccinated code's, below its traps; ``_armed``)."""
+    if info.armed and code is not info.upgraded:
+        if info.upgraded is None or offset >= info.armed_end:
+            return None
+        code = info.upgraded
     if info.ranges is None:
         back, _ = backend()
         info.ranges = back.cell_ranges(code) if back is not None else []

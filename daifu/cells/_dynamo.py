@@ -53,7 +53,7 @@ import warnings
 from .._errors import DaifuWarning
 from .._record import field
 from .._runtime import RUNTIME, state_record
-from ._cell import cells_of
+from ._cell import info_of
 from ._lazy import pending_of
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -85,7 +85,7 @@ def traced_code(code: Any, frame: bool = False) -> Any:
         if type(code) is not types.CodeType:
             return code
 
-        info = cells_of(code)
+        info = info_of(code)  # (armed code too: its original is known)
         original = info.original if info is not None else None
         if original is None and not frame:
             # (a stub's frame is never converted: ``_lazy`` marks it skipped;

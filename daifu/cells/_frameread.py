@@ -13,9 +13,9 @@ import ctypes
 import gc
 import types
 
-from ._consts import _decref
+from ._consts import _decref, _incref
 
-__all__ = ["FrameObject", "decref", "interpreter_frame", "running_function"]
+__all__ = ["FrameObject", "decref", "interpreter_frame", "running_function", "swap_code"]
 
 #: (one private ``Py_DecRef`` pointer for the frame modules: ``_consts``)
 decref = _decref
@@ -58,3 +58,27 @@ def running_function(frame: types.FrameType, inner: ctypes.Structure | None,
     candidates = [r for r in gc.get_referrers(frame.f_code)
                   if isinstance(r, types.FunctionType) and r.__code__ is frame.f_code]
     return candidates[0] if len(candidates) == 1 else None
+
+
+def swap_code(frame: types.FrameType, inner: ctypes.Structure | None, code_field: str,
+              ip_field: str, new: types.CodeType, ip_old: int, ip_new: int) -> bool:
+    """Make ``frame``, suspended in a Python function it called (which
+    returns into it through its interpreter frame, ``_armed``), go on in
+    ``new``: the interpreter frame's code (``code_field``) becomes ``new``
+    and its instruction pointer (``ip_field``), now at byte ``ip_old`` of its
+    code, byte ``ip_new`` of ``new``.  Refused (False, nothing changed) unless
+    the layout is the one we know and the pointer is where the caller says.
+    The two codes must lay out the frame alike (variables, stack size: the
+    caller checks)."""
+    if inner is None:
+        return False
+    old = frame.f_code
+    base = getattr(inner, ip_field) - frame.f_lasti  # (the old code's first instruction)
+    at = base - id(old)  # (where a code object's instructions start, inside it)
+    if not 0 < at < 4096 or frame.f_lasti != ip_old or getattr(inner, code_field) != id(old):
+        return False
+    _incref(new)
+    setattr(inner, code_field, id(new))
+    setattr(inner, ip_field, id(new) + at + ip_new)
+    _decref(old)
+    return True

@@ -10,6 +10,7 @@ import types
 from ._frameread import decref as _decref
 from ._frameread import interpreter_frame
 from ._frameread import running_function as _running_function
+from ._frameread import swap_code as _swap_code
 
 _CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
@@ -108,3 +109,15 @@ def running_function(frame: types.FrameType) -> types.FunctionType | None:
     """The function object executing ``frame`` (the interpreter frame's
     ``f_func``; checked against the frame's code)."""
     return _running_function(frame, _interpreter_frame(frame), "f_func")
+
+
+def swap_code(frame: types.FrameType, new: types.CodeType, call_old: int, resume_old: int,
+              call_new: int, resume_new: int) -> bool:
+    """Make ``frame``, suspended in the Python call at byte ``call_old`` of its
+    code (which returns to byte ``resume_old``), return into ``new`` at byte
+    ``resume_new`` instead (``_frameread.swap_code``).  3.11 keeps the last
+    code unit of the call in ``prev_instr``; a return goes on right after it."""
+    if resume_new - call_new != resume_old - call_old:
+        return False
+    return _swap_code(frame, _interpreter_frame(frame), "f_code", "prev_instr", new,
+                      resume_old - 2, resume_new - 2)

@@ -10,6 +10,7 @@ import types
 from ._frameread import decref as _decref
 from ._frameread import interpreter_frame
 from ._frameread import running_function as _running_function
+from ._frameread import swap_code as _swap_code
 
 _CO_OPTIMIZED = 0x1  # not set for module and class-body code
 
@@ -102,3 +103,17 @@ def _unbind(frame: types.FrameType, name: str) -> None:
         return
     slot.value = None  # the frame's reference ...
     _decref(value)  # ... is dropped; ours goes when this returns
+
+
+def swap_code(frame: types.FrameType, new: types.CodeType, call_old: int, resume_old: int,
+              call_new: int, resume_new: int) -> bool:
+    """Make ``frame``, suspended in the Python call at byte ``call_old`` of its
+    code (which returns to byte ``resume_old``), return into ``new`` at byte
+    ``resume_new`` instead (``_frameread.swap_code``).  3.13 keeps the call
+    itself in ``instr_ptr`` and the distance to where a return goes on in
+    ``return_offset`` (code units)."""
+    inner = _interpreter_frame(frame)
+    if inner is None or resume_new - call_new != resume_old - call_old \
+            or inner.return_offset != (resume_old - call_old) // 2:
+        return False
+    return _swap_code(frame, inner, "f_executable", "instr_ptr", new, call_old, call_new)

@@ -39,7 +39,7 @@ import weakref
 from .._errors import NotVaccinatedWarning
 from .._record import field
 from .._runtime import RUNTIME, state_record
-from ._cell import cells_of
+from ._cell import info_of
 from ._dispatch import backend
 from ._versions import current
 
@@ -265,7 +265,7 @@ def use_dynamo() -> None:
 def original_code(code: types.CodeType) -> types.CodeType:
     """The unmodified code a vaccinated code object (or a first-call stub)
     was made from (or itself)."""
-    info = cells_of(code)
+    info = info_of(code)
     if info is not None and info.original is not None:
         return info.original
     pending = pending_of(code)

@@ -60,6 +60,9 @@ class Selection:
     module_level: bool = False
     lazy: bool = False
     eager: bool = False
+    #: arm what is vaccinated at import (``_armed``: rewritten in full at its
+    #: first exception), unless ``--strict`` or ``--dump`` asks for it now
+    armed: bool = False
 
     def wants(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
         import ast  # lazy: 1.3 ms
@@ -142,16 +145,17 @@ options = _Options()
 RUNTIME.on_reset(options.reset)
 
 
-def use_barrier(barrier: Callable, passing: list) -> None:
+def use_barrier(barrier: Callable, passing: list, upgrade: Callable) -> None:
     """The function the stubs call at an exception (``engine._barrier.entry()``)
     and the list they read before they call it (``engine._fastpath.passing``),
-    which they reach as the builtin ``PASSING``: the engine calls this when
+    which they reach as the builtin ``PASSING``; what an armed function's
+    traps call (``engine._barrier.upgraded``): the engine calls this when
     it is imported.  The cells package never imports the engine: ``daifu``
     imports the engine before anything can vaccinate code."""
     # (the method-wrappers, made once: a profiler sees no call of them)
     wrappers = [fn.__call__ for fn in (sys.getprofile, sys.gettrace)]  # type: ignore[operator]
     del passing[P_SYS:]
-    passing += [sys, barrier, *wrappers]
+    passing += [sys, barrier, *wrappers, upgrade]
     setattr(builtins, PASSING, passing)
 
 
@@ -229,6 +233,7 @@ def vaccinate_module(
     # strict mode must report every function that cannot be vaccinated at
     # import, and a dump shows the rewrite: both rewrite the stubs' functions now
     now = selection.eager or strict or bool(options.dump)
+    arm = selection.armed and record and not (strict or options.dump)
     stubs: list[_lazy.Pending] = []
 
     def walk(co: types.CodeType, parent: ast.AST | None) -> types.CodeType:
@@ -243,7 +248,7 @@ def vaccinate_module(
         if scope is not None and (selection.wants(co, scope, module) or (stub and now)):
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
-                new = back.rewrite(co, info, msrc, scope, children)
+                new = _rewrite_or_arm(back, arm, co, info, msrc, scope, children)
             except back.NothingToProtect:
                 pass  # no statement of its own (``def f(): pass``): nothing can fail
             except back.Unsupported as exc:
@@ -275,6 +280,19 @@ def vaccinate_module(
     for pending in stubs:
         pending.source = loaded
     return new_code, report
+
+
+def _rewrite_or_arm(back: Backend, arm: bool, co: types.CodeType, info: CodeInfo,
+                    msrc: ModuleSource, scope: ast.AST, children: dict) -> types.CodeType:
+    """``co`` armed (``_armed``) or, where it cannot be (a generator), rewritten."""
+    if arm:
+        try:
+            return back.arm(co, info, msrc, scope, children)
+        except back.NothingToProtect:
+            raise
+        except back.Unsupported:
+            info.armed = False  # (the rewrite says why, if it cannot be done either)
+    return back.rewrite(co, info, msrc, scope, children)
 
 
 def rewrite_pending(pending: _lazy.Pending) -> types.CodeType | None:

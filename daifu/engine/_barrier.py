@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from .._runtime import RUNTIME, state_record
 from ..cells import INFOS as _INFOS
-from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve
+from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve, upgrade
 from ._engine import ENGINE
 from ._fastpath import ROUTES, passing, remember_route
 from ._guards import caught_above, take_passing, take_through
@@ -25,7 +25,7 @@ _MAIN = threading.main_thread().ident
 
 # ``passing`` (imported above) is read by the stubs by name, as the builtin
 # ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
-__all__ = ["barrier", "entry", "judge", "passing"]
+__all__ = ["barrier", "entry", "judge", "passing", "upgraded"]
 
 
 @state_record
@@ -125,14 +125,43 @@ def judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,
         answer = _judge(exc, ref, lasti, stack, frame)
     finally:
         late = release()  # (with the C module: delivered where the program runs next)
-    if late:  # (without it: now, at the failing statement)
-        raised = deliver(late, frame)
-        if raised is not None:
-            ENGINE.drop_pending(frame)
-            raised.__traceback__ = types.TracebackType(
-                raised.__traceback__, frame, 2 * lasti, frame.f_lineno or 0)
-            return (raised,)
-    return answer
+    return _deliver(late, frame, lasti, answer) if late else answer
+
+
+def _deliver(late: list[int], frame: types.FrameType, lasti: int,
+             answer: int | tuple) -> int | tuple:
+    """The signals that came while the program's were held, delivered now
+    (without the C module): one that raises makes the answer raise it here,
+    at the failing statement."""
+    raised = deliver(late, frame)
+    if raised is None:
+        return answer
+    ENGINE.drop_pending(frame)
+    raised.__traceback__ = types.TracebackType(
+        raised.__traceback__, frame, 2 * lasti, frame.f_lineno or 0)
+    return (raised,)
+
+
+def upgraded(exc: BaseException, mark: tuple, lasti: int, stack: tuple) -> int | tuple:
+    """What the trap of an armed function calls (``cells._armed``): the
+    function is vaccinated and this frame moved onto its vaccinated code,
+    just after the barrier call of the failing cell's stub, where this
+    answer lands -- the barrier's (``judge``).  Where the frame cannot be
+    moved, "re-raise": this exception goes on as without daifu, and the
+    function's next calls are vaccinated.  Never raises."""
+    frame = _getframe(1)
+    main = _get_ident() == _MAIN
+    if main:
+        hold()  # (the rewrite is Python code too: no handler of the program runs in it)
+    try:
+        try:
+            ref = upgrade(frame, mark, lasti, _getframe(0))
+        except BaseException:  # daifu must never make a crash worse
+            ref = None
+        answer = RAISE_CODE if ref is None else _judge(exc, ref, lasti, stack, frame)
+    finally:
+        late = release() if main else []
+    return _deliver(late, frame, lasti, answer) if late else answer
 
 
 def _judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,

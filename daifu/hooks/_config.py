@@ -285,6 +285,11 @@ OPTIONS: tuple[Option, ...] = (
            "default: JSON in a file or a pipe, for people on a terminal)", metavar="FORMAT",
            choices=("json", "console", "auto"), env="DAIFU_LOG_FORMAT", field="log_format",
            parse=str.lower, export=lambda cfg: cfg.log_format),
+    Option(("--full-rewrite",), "rewrite every vaccinated function in full at import (by "
+           "default a function is armed at import and rewritten at its first exception: "
+           "faster first starts)",
+           env="DAIFU_ARM", env_value="0", field="armed", const=False, parse=_switch,
+           expects=_ON_OFF),
     Option(("--strict",), "fail if a selected function cannot be vaccinated",
            env="DAIFU_STRICT", env_value="1", field="strict", const=True, parse=_switch,
            expects=_ON_OFF),
@@ -381,6 +386,8 @@ class Config:
     lazy: bool = True
     #: what ``lazy`` vaccinates is rewritten at import (not at first call)
     eager: bool = True
+    #: armed at import, rewritten in full at the first exception (``cells._armed``)
+    armed: bool = True
     fixes: tuple[str, ...] = ()
     max_attempts: int = 5
     log: str | None = None
@@ -470,7 +477,7 @@ class Config:
 
     def selection(self, module_level: bool = False) -> Selection:
         return Selection(entries=self.entry, module_level=module_level, lazy=self.lazy,
-                         eager=self.lazy and self.eager)
+                         eager=self.lazy and self.eager, armed=self.armed)
 
     def code_cache(self):
         """The ``CodeCache`` ``DAIFU_CACHE`` asks for, or None.

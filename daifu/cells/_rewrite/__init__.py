@@ -51,17 +51,19 @@ PYTHON = _entry.python
 
 #: frame access (one module per frame-layout family, ``_versions``: it builds
 #: ctypes structures) and what ``_core`` provides: both imported on first use
-_FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "write_locals"})
+_FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "swap_code",
+                     "write_locals"})
 _LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "c_passes_through",
                    "chain_for_code", "effects", "has_except_handler", "returns_truthy",
-                   "rewrite", "plan", "emit", "assemble", "Plan"})
+                   "rewrite", "plan", "emit", "assemble", "Plan", "arm"})
 #: reading rewritten code back, without ``bytecode`` (``_readback``)
-_READBACK = frozenset({"cell_ranges", "lasti_offset"})
+_READBACK = frozenset({"armed_end", "cell_ranges", "lasti_offset", "trap_path"})
 
-__all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
+__all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "arm", "armed_end",
+           "called_from_c",
            "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
            "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
-           "write_locals"]
+           "swap_code", "trap_path", "write_locals"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from ._emit import _NOWHERE, _Chunk, _group_items, _Item
 from ._ops import _EXTENDED_ARG, PY, _Op
+from ._readback import _CACHES
 
 
 def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:
@@ -52,17 +53,6 @@ class _NotSpliced(Exception):
     back to ``bytecode``'s assembly of the whole stream."""
 
 
-def _cache_table() -> list[int]:
-    caches = dis._inline_cache_entries  # type: ignore[attr-defined]  # noqa: SLF001
-    out = [0] * 256
-    for name, op in dis.opmap.items():
-        if op < 256:
-            out[op] = caches[op] if isinstance(caches, list) else caches.get(name, 0)
-    return out
-
-
-#: the CACHE entries after each opcode
-_CACHES = _cache_table()
 _HAS_CONST = frozenset(dis.hasconst)
 _HAS_NAME = frozenset(dis.hasname)
 _BACKWARD_JUMPS = frozenset(op for name, op in dis.opmap.items() if "BACKWARD" in name)
@@ -130,8 +120,8 @@ def expand(items: list[_Item]) -> list[_Item]:
         if chunk is None:
             out.append(it)
         else:
-            b, generator, own = chunk.shape
-            out += _group_items(b, generator, own, chunk.fallback, chunk.entry)
+            b, generator, own, slot = chunk.shape
+            out += _group_items(b, generator, own, chunk.fallback, chunk.entry, slot)
     return out
 
 
@@ -366,11 +356,11 @@ class _Template:
     units: int
     fallback_at: int
 
-    def __init__(self, shape: tuple[int, bool, tuple[str, str] | None]) -> None:
+    def __init__(self, shape: tuple[int, bool, tuple[str, str] | None, int]) -> None:
         fallback = Label()
         patches: list = []
-        b, generator, own = shape
-        lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY),
+        b, generator, own, slot = shape
+        lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY, slot),
                       _Tables([], []), patches)
         self.code = lay.code()
         self.patches = []

@@ -9,7 +9,7 @@ from typing import cast
 from bytecode import Bytecode, Instr, Label
 
 from ..._record import field, record
-from .._cell import Cell, CodeInfo, WithGuard
+from .._cell import ARMED_MARK, P_UPGRADE, Cell, CodeInfo, WithGuard, own_test
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
 from ._assemble import (
@@ -23,6 +23,8 @@ from ._assemble import (
 from ._emit import (
     _NOWHERE,
     Continuation,
+    _Chunk,
+    _reraise,
     _emit_continuation_prologue,
     _emit_copy,
     _emit_stubs,
@@ -125,6 +127,37 @@ def rewrite(
 def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
          replace_consts: dict | None = None, continuation: Continuation | None = None) -> Plan:
     """Decode, analyse, and cut the code into cells (appended to ``info.cells``)."""
+    p = _runs_of(code, msrc, scope, replace_consts, continuation)
+    runs = p.runs
+    for run in runs:
+        run.role = _role(run, p.ops)
+    if continuation is not None:
+        target = next((r for r in runs if r.stmt is continuation.stmt
+                       and r.role == continuation.role and r.base == continuation.nstack), None)
+        if target is None:
+            raise Unsupported(
+                "the new code has no place to continue at: the failing statement's loops, "
+                "with and try blocks must keep their structure")
+        continuation.target = p.label_for(target.start)
+    headers = {id(r.stmt): r for r in runs if r.role == "loop-header"}
+    for n, run in enumerate(runs):
+        run.cell = _cell(run, n, p, headers, info, msrc)
+        info.cells.append(run.cell)
+        if run.skip_target is not None:
+            p.label_for(run.skip_target)
+        if run.continue_target is not None:
+            p.label_for(run.continue_target)
+        for _, t, _ in _exits(run, p.ops, p.label_at):
+            p.label_for(t)
+            if p.ops[t].instr.name == "END_FOR":  # where an exhausted FOR_ITER goes on
+                p.label_for(t + 2)
+    return p
+
+
+def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: dict | None,
+             continuation: Continuation | None = None) -> Plan:
+    """Decode and analyse the code, and find its runs (``plan``, before the
+    cells; what arming needs too)."""
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
         exc = Unsupported("async functions and async generators are not vaccinated yet")
         exc.kind = "async"  # (a known limitation: said aloud only for a function named)
@@ -160,28 +193,6 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     for label, i in label_at.items():
         p.label_of.setdefault(i, label)
         p.labels_at.setdefault(i, []).append(label)
-    for run in runs:
-        run.role = _role(run, ops)
-    if continuation is not None:
-        target = next((r for r in runs if r.stmt is continuation.stmt
-                       and r.role == continuation.role and r.base == continuation.nstack), None)
-        if target is None:
-            raise Unsupported(
-                "the new code has no place to continue at: the failing statement's loops, "
-                "with and try blocks must keep their structure")
-        continuation.target = p.label_for(target.start)
-    headers = {id(r.stmt): r for r in runs if r.role == "loop-header"}
-    for n, run in enumerate(runs):
-        run.cell = _cell(run, n, p, headers, info, msrc)
-        info.cells.append(run.cell)
-        if run.skip_target is not None:
-            p.label_for(run.skip_target)
-        if run.continue_target is not None:
-            p.label_for(run.continue_target)
-        for _, t, _ in _exits(run, ops, label_at):
-            p.label_for(t)
-            if ops[t].instr.name == "END_FOR":  # where an exhausted FOR_ITER goes on
-                p.label_for(t + 2)
     return p
 
 
@@ -298,41 +309,7 @@ def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
     """The new instruction stream: the original code with the cells pointed at
     their stubs, then the retry copies and the stubs (and a continuation's
     prologue)."""
-    owner: dict[int, _Run] = {}
-    for run in p.runs:
-        for i in range(run.start, run.stop):
-            owner[i] = run
-    items: list[_Item] = []
-    last_key: EntryKey | None = None  # the entry of the instruction emitted last
-    for i, op in enumerate(p.ops):
-        owner_run = owner.get(i)
-        if (PY.inline_call_unwind and owner_run is not None and owner_run.start == i
-                and op.instr.name in INLINED_CALLS):
-            # an exception coming back from the generator a specialised
-            # FOR_ITER/SEND runs in this frame is looked up one instruction
-            # before it (3.13's exception_unwind uses next_instr - 1): a NOP of
-            # the cell's there, outside the loop (it runs once, on entry; on the
-            # loop's line, so a tracer sees no line event of its own)
-            last_key = (owner_run.stub, True, owner_run.base)
-            items.append(_Item(Instr("NOP", location=op.instr.location), last_key))
-        if i in p.label_of:
-            items.append(_Item(label=p.label_of[i]))
-        for extra in p.labels_at.get(i, ()):
-            if extra is not p.label_of.get(i):
-                items.append(_Item(label=extra))
-        key = (owner_run.stub, True, owner_run.base) if owner_run is not None else op.entry
-        if i in p.redirects:
-            key = (p.redirects[i].stub, True, p.redirects[i].base)
-        if PY.inline_call_unwind and i and key != last_key and op.instr.name in INLINED_CALLS:
-            # (``_before_inlined_calls`` and the NOP above keep this from
-            # happening; were it to, CPython would unwind this frame's stack
-            # to another handler's depth and crash: better not vaccinated)
-            raise Unsupported(f"the instruction before {op.instr.name} at {i} has another "
-                              f"exception handler (3.13 looks it up there)")
-        last_key = key
-        items.append(_Item(op.instr, key, raw=op.raw))
-    for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
-        items.append(_Item(label=lb))
+    items = _emit_original(p, lambda run: run.stub)
     generator = bool(p.code.co_flags & 0x20)
     # an unreachable NOP outside every exception-table entry: without it the
     # last cell's range and its retry copy (appended right after, same stub)
@@ -347,6 +324,84 @@ def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
     if continuation is not None:
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
     return items
+
+
+def _emit_original(p: Plan, target) -> list[_Item]:
+    """The original instructions, each cell's pointed at ``target(run)`` (its
+    stub; an armed function's trap) with the cell's base depth and lasti.
+    Armed and vaccinated code lay them out alike: the same instructions at
+    the same offsets (``_readback.trap_path`` checks)."""
+    owner: dict[int, _Run] = {}
+    for run in p.runs:
+        for i in range(run.start, run.stop):
+            owner[i] = run
+    items: list[_Item] = []
+    last_stub = None  # the stub the instruction emitted last would have
+    for i, op in enumerate(p.ops):
+        owner_run = owner.get(i)
+        if (PY.inline_call_unwind and owner_run is not None and owner_run.start == i
+                and op.instr.name in INLINED_CALLS):
+            # an exception coming back from the generator a specialised
+            # FOR_ITER/SEND runs in this frame is looked up one instruction
+            # before it (3.13's exception_unwind uses next_instr - 1): a NOP of
+            # the cell's there, outside the loop (it runs once, on entry; on the
+            # loop's line, so a tracer sees no line event of its own)
+            last_stub = (owner_run.stub, True, owner_run.base)
+            items.append(_Item(Instr("NOP", location=op.instr.location),
+                               (target(owner_run), True, owner_run.base)))
+        if i in p.label_of:
+            items.append(_Item(label=p.label_of[i]))
+        for extra in p.labels_at.get(i, ()):
+            if extra is not p.label_of.get(i):
+                items.append(_Item(label=extra))
+        run = p.redirects.get(i, owner_run)
+        stub = (run.stub, True, run.base) if run is not None else op.entry
+        if PY.inline_call_unwind and i and stub != last_stub and op.instr.name in INLINED_CALLS:
+            # (``_before_inlined_calls`` and the NOP above keep this from
+            # happening; were it to, CPython would unwind this frame's stack
+            # to another handler's depth and crash: better not vaccinated)
+            raise Unsupported(f"the instruction before {op.instr.name} at {i} has another "
+                              f"exception handler (3.13 looks it up there)")
+        last_stub = stub
+        key = (target(run), True, run.base) if run is not None else op.entry
+        items.append(_Item(op.instr, key, raw=op.raw))
+    for lb in p.labels_at.get(len(p.ops), ()):  # trailing labels (none expected)
+        items.append(_Item(label=lb))
+    return items
+
+
+def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
+        replace_consts: dict | None = None) -> types.CodeType:
+    """Armed code (``cells._armed``): the original instructions, each cell's
+    pointed at a *trap* shared by the cells of one base depth and handler --
+    the shared part of a vaccinated group's stub (``_group_items``), which
+    calls the upgrade instead of the barrier -- and nothing else.  Its
+    vaccinated code (``rewrite``, the same instructions at the same offsets)
+    is made when an exception first reaches a trap.  ``info`` stays without
+    cells till then.  Raises ``Unsupported`` (a generator: rewrite it now)."""
+    if code.co_flags & 0x20:
+        raise Unsupported("a generator's frame is not upgraded: vaccinated at once")
+    p = _runs_of(code, msrc, scope, replace_consts)
+    traps: dict[tuple, Label] = {}
+    for run in p.runs:
+        traps.setdefault((run.base, run.entry), Label())
+    items = _emit_original(p, lambda run: traps[(run.base, run.entry)])
+    items.append(_Item(_instr("NOP", loc=_NOWHERE), None))  # (as ``emit``'s)
+    mark = (ARMED_MARK, info.key)
+    for (base, entry), label in traps.items():
+        own = own_test(handler_chain(p.ops, p.label_at, entry, msrc, code))
+        items.append(_Item(label=label))
+        # (bytecode's InstrArg has no type for a constant's value)
+        items.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
+        items.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
+        items += _reraise(entry)  # (whatever the upgrade did not take over)
+    stacksize = max(p.peak, code.co_stacksize, *(stub_peak(base) for base, _ in traps))
+    try:
+        new = splice(items, code, p.const_updates, stacksize)
+    except _NotSpliced as exc:
+        raise Unsupported(f"not armed: {exc}") from exc
+    info.armed = True
+    return new
 
 
 def assemble(p: Plan, items: list[_Item]) -> types.CodeType:

@@ -12,6 +12,7 @@ from ..._record import field, record
 from .._cell import (
     CONTINUE_CODE,
     P_BARRIER,
+    P_UPGRADE,
     P_GETPROFILE,
     P_GETTRACE,
     P_SYS,
@@ -418,12 +419,12 @@ def _reraise(entry) -> list[_Item]:
             _Item(_instr("RERAISE", 1, _NOWHERE), entry)]
 
 
-def _barrier_call(b: int, loc) -> list:
-    """The call of the barrier in a group's stub, with a stack of base depth
-    ``b`` (stack: ..., lasti, exc, ref, passing, profile, trace; the
-    barrier's answer pushed)."""
+def _barrier_call(b: int, loc, slot: int = P_BARRIER) -> list:
+    """The call of the barrier (``slot``: or what upgrades armed code) in a
+    group's stub, with a stack of base depth ``b`` (stack: ..., lasti, exc,
+    ref, passing, profile, trace; the barrier's answer pushed)."""
     call = [
-        *_sys_callable(_slot(P_BARRIER, loc), 3, loc),
+        *_sys_callable(_slot(slot, loc), 3, loc),
         _instr("COPY", 7, loc),  # exc
         _instr("COPY", 7, loc),  # ref
         _instr("COPY", 10, loc),  # lasti
@@ -451,7 +452,7 @@ def _continuation_call(loc) -> list:
 
 
 def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback: Label, entry,
-) -> list[_Item]:
+                 slot: int = P_BARRIER) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
     ``b``, whether the code is a generator's, the class its own handler
     catches (``own_test``) (labels of its own but
@@ -467,7 +468,7 @@ def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback:
     sys_key = (fallback_sys, False, b + 4)  # (the same, with ``passing`` on the stack)
     traced_key = (traced_fallback, False, b + 6)  # the barrier call, tracing suspended
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
-    call = _barrier_call(b, loc)
+    call = _barrier_call(b, loc, slot)
     items = _passing(guard_key, sys_key, entry, own)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
@@ -521,7 +522,7 @@ def _emit_group(items, b: int, entry, members: list[_Run], ops, label_for,
     assert members[0].cell is not None  # set by ``rewrite`` before any emission
     own = own_test(members[0].cell.guards)  # (the group's cells share their handlers)
     if chunks:
-        items.append(_Item(chunk=_Chunk((b, generator, own), fallback, entry)))
+        items.append(_Item(chunk=_Chunk((b, generator, own, P_BARRIER), fallback, entry)))
     else:
         items += _group_items(b, generator, own, fallback, entry)
     guard_key = (fallback, False, b + 3)

@@ -1,0 +1,146 @@
+"""Armed code: a function vaccinated at its first exception, in its own frame.
+
+Rewriting a function in full -- its cells, their stubs and retry copies --
+takes about a millisecond, and code is run far more often than it fails: a
+program importing 600 functions paid most of a second before its first line.
+So at import a function is only *armed* (``_rewrite._core.arm``): its
+original instructions, unchanged and at the same offsets, with each cell's
+exception-table entry pointed at a *trap* shared by the cells of one base
+depth and handler.  A trap is the shared part of a vaccinated stub
+(``_rewrite._emit._group_items``) with one difference: it calls ``upgrade``
+(``_cell.P_UPGRADE``) where a stub calls the barrier.  An exception the
+program's own ``except`` takes, or one passing on to a handler a barrier
+found, never calls it: armed code handles those as vaccinated code does.
+
+The first exception that reaches a trap makes the function's vaccinated code
+(``complete``: the full rewrite of the original, with the same instructions
+before the traps), and then *moves the frame onto it* (``upgrade``): the
+frame is suspended in the Python call of the upgrade, made by the trap, so
+it returns through its interpreter frame, which holds the code it runs and
+where a return goes on.  Both are set to the vaccinated code's stub for the
+failing cell, at the point just after its own barrier call, whose stack the
+trap has built alike (the same shared stub part).  The upgrade then asks the
+barrier and returns its answer: from there on the frame is vaccinated code
+answering a barrier call -- the retry copy, skip or continue, the re-raise
+under the original handler -- and the function object gets the new code for
+its next calls.  ``_readback.trap_path`` checks the two layouts against each
+other and the frame module (``swap_code``) the frame's layout; anything
+unexpected leaves the frame on its armed code and the exception goes on as
+without daifu (the function's next calls are vaccinated).
+
+A frame only returns through its interpreter frame when the trap's call of
+the upgrade was a plain Python call: with a PEP 523 frame evaluator set
+(TorchDynamo's, inside a compiled region) it is not, and that first
+exception goes on unprotected in that frame.  Generators are vaccinated at
+once (a generator's frame belongs to it).  ``cells_of`` makes the cells of
+armed code when anything asks for them (the engine's walk over callers, a
+report): the rewrite, without moving any frame.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import warnings
+
+from .._errors import NotVaccinatedWarning
+from .._record import field
+from .._runtime import RUNTIME, state_record
+from . import _registry
+from ._cell import CodeInfo, info_of, use_completion
+from ._dispatch import backend
+
+_CO_OPTIMIZED = 0x1  # a function's code (module and class bodies are not)
+
+
+@state_record
+class _Armed:
+    """The lock under which armed code is completed (one rewrite per code)."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_state = RUNTIME.part(__name__, _Armed())
+
+
+def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
+    """The vaccinated code of ``armed`` (``info``'s): made once, its cells in
+    ``info``; None (with a warning, once) if it cannot be made -- the armed
+    code then runs as the original would."""
+    with _state.lock:
+        if info.upgraded is not None:
+            return info.upgraded
+        if info.refused is not None:
+            return None
+        try:
+            new, reason = _rewrite(info, armed), None
+        except Exception as exc:  # (``Unsupported``: said why; anything else is daifu's)
+            new, reason = None, str(exc) or type(exc).__name__
+        if new is None:
+            info.cells.clear()
+            info.refused = reason or "its source code is not available"
+            try:
+                warnings.warn(f"daifu: {info.qualname} ({info.filename}:{info.firstlineno}) "
+                              f"is not vaccinated and runs unmodified: {info.refused}",
+                              NotVaccinatedWarning, stacklevel=3)
+            except Exception:  # (-W error: the warning is the program's to see, not to raise)
+                pass
+            return None
+        back, _ = backend()
+        assert back is not None  # (``_rewrite`` made code: there is a backend)
+        info.upgraded, info.ranges, info.armed_end = new, None, back.armed_end(armed)
+        return new
+
+
+def _rewrite(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
+    back, _ = backend()
+    original = info.original
+    loaded = _registry.get(original.co_filename) if original is not None else None
+    msrc = loaded.msrc if loaded is not None else None
+    scope = msrc.scope_for(original) if msrc is not None and original is not None else None
+    if back is None or scope is None or original is None:
+        return None
+    # the functions nested in it: armed too, in the same places of co_consts
+    children = {id(o): a for o, a in zip(original.co_consts, armed.co_consts)
+                if o is not a and type(o) is types.CodeType}
+    info.cells.clear()
+    return back.rewrite(original, info, msrc, scope, children)
+
+
+def upgrade(frame: types.FrameType, mark: tuple, lasti: int,
+            helper: types.FrameType) -> tuple | None:
+    """Vaccinate the armed code ``frame`` runs and move the frame onto it
+    (see the module docstring): the constant of the failing cell's stub in
+    the vaccinated code, the frame now suspended just after that stub's
+    barrier call; None if the frame stays on its armed code.  ``helper``:
+    the frame of the function the trap called (and that calls this), which
+    must return into ``frame`` through its interpreter frame."""
+    armed = frame.f_code
+    info = info_of(armed)
+    if info is None or not info.armed or type(mark) is not tuple or mark[1:] != (info.key,):
+        return None
+    new = complete(info, armed)
+    if new is None:
+        return None
+    back, _ = backend()
+    assert back is not None  # (``complete`` made code: there is a backend)
+    if armed.co_flags & _CO_OPTIMIZED:
+        func = back.running_function(frame)
+        if func is not None and func.__code__ is armed:
+            try:
+                func.__code__ = new  # (its next calls run vaccinated code)
+            except ValueError:  # pragma: no cover - the same free variables: never
+                pass
+    if back.called_from_c(helper) is not False or new.co_stacksize > armed.co_stacksize \
+            or new.co_nlocals != armed.co_nlocals:
+        return None
+    path = back.trap_path(armed, new, lasti)
+    if path is None:
+        return None
+    ref, call_old, resume_old, call_new, resume_new = path
+    if not back.swap_code(frame, new, call_old, resume_old, call_new, resume_new):
+        return None
+    return ref
+
+
+use_completion(complete)

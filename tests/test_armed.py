@@ -1,0 +1,264 @@
+"""Armed code (``cells._armed``): a function is armed at import -- its
+original instructions and one trap per group of cells -- and vaccinated at
+its first exception, the frame moved onto the vaccinated code without
+leaving it.  What a user relies on: the same recoveries in the same frame,
+the program's own exceptions handled as without daifu, and starts that do
+not pay for a full rewrite of code that never fails."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+import daifu
+from daifu.cells import Selection, backend, cells_of, options, original_code, vaccinate_source
+from daifu.cells._cell import info_of
+
+from .support import vaccinate
+
+
+def _codes(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+@pytest.fixture
+def lenient():
+    strict, options.strict = options.strict, False
+    yield
+    options.strict = strict
+
+
+#: real modules whose every function is armed, then completed: the two codes
+#: must agree below the traps (``_readback.trap_path`` relies on it)
+CORPUS = ["json.decoder", "textwrap", "argparse", "dataclasses", "shlex", "fractions",
+          "difflib", "inspect", "ast", "tokenize"]
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_armed_code_has_the_vaccinated_codes_instructions_before_its_traps(name, lenient):
+    module = importlib.import_module(name)
+    path = module.__file__
+    with open(path, "rb") as f:
+        source = f.read()
+    code, report = vaccinate_source(source, path, Selection(("**",), True, True, True,
+                                                            armed=True), module=name)
+    back, _ = backend()
+    armed = [c for c in _codes(code) if (i := info_of(c)) is not None and i.armed]
+    assert len(armed) >= 10
+    for a in armed:
+        info = info_of(a)
+        assert not info.cells  # (nothing made before it is needed)
+        full = cells_of(a).upgraded  # (``cells_of`` makes it: the rewrite)
+        assert full is not None, info.refused
+        end = back.armed_end(a)
+        assert end and a.co_code[:end] == full.co_code[:end], a.co_qualname
+        assert a.co_linetable[:8] == full.co_linetable[:8]
+        assert full.co_stacksize <= a.co_stacksize and full.co_nlocals == a.co_nlocals
+        assert original_code(a) is original_code(full) is info.original
+        # the armed code is small: the original and a trap per group
+        assert len(a.co_code) < len(full.co_code)
+        # every cell's instructions lead to a trap of its group, laid out
+        # as the cell's stub in the vaccinated code
+        ranges = [r for r in back.cell_ranges(full) if not r[3]]
+        assert ranges
+        for start, stop, cell, _ in ranges:
+            assert stop <= end
+            for offset in (start, stop - 2):
+                path = back.trap_path(a, full, offset // 2)
+                assert path is not None and path[0] == info.ref(cell), (a.co_qualname, offset)
+
+
+SOURCE = """
+import sys
+
+def step(log, x):
+    me = sys._getframe()
+    log.append(("before", x))
+    y = 10 // x
+    log.append(("after", y))
+    return y, me is sys._getframe()
+
+def handled_here(d, k):
+    try:
+        return d[k]
+    except KeyError:
+        return "missing"
+
+def middle(d, k):
+    return d[k]
+
+def handled_above(d, k):
+    try:
+        return middle(d, k)
+    except KeyError:
+        return "caught above"
+
+class Lazy:
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+def probe(obj):
+    return hasattr(obj, "x"), getattr(obj, "y", "default")
+
+def down(n):
+    if n == 0:
+        return 10 // n
+    return down(n - 1) + 1
+
+def gen(n):
+    for i in range(n):
+        yield 10 // i
+"""
+
+
+@pytest.fixture
+def m():
+    return vaccinate(SOURCE, armed=True)
+
+
+def _armed(fn) -> bool:
+    info = info_of(fn.__code__)
+    return info is not None and info.armed and fn.__code__ is not info.upgraded
+
+
+def test_a_crash_is_recovered_in_the_frame_that_raised_it(m):
+    assert _armed(m["step"])
+
+    @daifu.on(ZeroDivisionError, where="step")
+    def fix(crash):
+        crash.vars["x"] = 5
+        return daifu.RETRY
+
+    log: list = []
+    assert m["step"](log, 0) == (2, True)  # the same frame, before and after
+    # the statements before the failing one ran once; the failing one again
+    assert log == [("before", 0), ("after", 2)]
+    assert not _armed(m["step"])  # its next calls run the vaccinated code
+    log.clear()
+    assert m["step"](log, 0) == (2, True)
+
+
+def test_the_programs_own_exceptions_are_handled_as_without_daifu(m):
+    for name in ("handled_here", "middle", "handled_above", "probe"):
+        assert _armed(m[name])
+    assert m["handled_here"]({}, "k") == "missing"
+    assert m["handled_above"]({}, "k") == "caught above"
+    assert m["probe"](m["Lazy"]()) == (False, "default")
+    with pytest.raises(KeyError):  # (a handler in the test: the program's own)
+        m["middle"]({}, "k")
+
+
+def test_a_recursive_function_recovers_in_its_innermost_frame(m):
+    seen = []
+
+    @daifu.on(ZeroDivisionError, where="down")
+    def fix(crash):
+        seen.append((crash.vars["n"], crash.attempt))
+        crash.vars["n"] = 5  # (the innermost frame: n == 0)
+        return daifu.RETRY
+
+    assert m["down"](3) == 2 + 3
+    assert seen == [(0, 1)]
+
+
+def test_a_generator_is_vaccinated_at_import(m):
+    info = info_of(m["gen"].__code__)
+    assert info is not None and not info.armed and info.cells
+
+    @daifu.on(ZeroDivisionError, where="gen")
+    def fix(crash):
+        return daifu.CONTINUE
+
+    assert list(m["gen"](3)) == [10, 5]
+
+
+def test_the_engine_sees_an_armed_callers_cells(m):
+    """The walk over callers asks armed code for its cells: made then."""
+    code = m["handled_above"].__code__
+    info = cells_of(code)
+    assert info is not None and info.cells and info.upgraded is not None
+    assert m["handled_above"]({}, "k") == "caught above"
+
+
+RUNNER = """
+import sys
+calls = []
+def traced(frame, event, arg):
+    if event == "call":
+        calls.append(frame.f_code.co_filename)
+    return None
+
+def work(xs):
+    total = 0
+    for x in xs:
+        total += 100 // x
+    return total
+
+def once(x):
+    y = [x]
+    z = y[0] // x
+    return z
+
+sys.settrace(traced)
+print(work([1, 0, 4]), once(0))
+sys.settrace(None)
+print(sorted({c.rsplit("/", 1)[-1] for c in calls}))
+print(work.__code__ is once.__code__)
+"""
+
+FIXES = """
+import daifu
+@daifu.on(ZeroDivisionError)
+def fix(crash):
+    crash.vars["x"] = 2
+    return daifu.RETRY
+"""
+
+
+def _run(tmp_path, *args, env=None):
+    script = tmp_path / "prog.py"
+    script.write_text(RUNNER)
+    (tmp_path / "fixes.py").write_text(FIXES)
+    env = {**os.environ, "DAIFU_CACHE": str(tmp_path / "cache"), **(env or {})}
+    out = subprocess.run([sys.executable, "-m", "daifu", "--fixes", str(tmp_path / "fixes.py"),
+                          *args, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def test_recovered_by_the_runner_first_start_and_from_the_code_cache(tmp_path):
+    first = _run(tmp_path)
+    # the tracer saw the program's calls only: no frame of daifu's
+    assert first == ["175 0", "['prog.py']", "False"]
+    assert os.listdir(tmp_path / "cache")
+    assert _run(tmp_path) == first  # (armed code from the cache)
+    assert _run(tmp_path, env={"DAIFU_ARM": "0"}) == first
+    assert _run(tmp_path, "--full-rewrite") == first
+
+
+def test_armed_code_keeps_its_signature_and_lines(m):
+    fn = m["step"]
+    original = info_of(fn.__code__).original
+    assert inspect.signature(fn) == inspect.signature(types.FunctionType(original, {}))
+    lines = {line for _, _, line in fn.__code__.co_lines() if line is not None}
+    assert lines == {line for _, _, line in original.co_lines() if line is not None}
+
+
+def test_strict_mode_rewrites_everything_at_import():
+    assert options.strict  # (the tests' default: conftest)
+    code, _ = vaccinate_source("def f(x):\n    return 1 // x\n", "/daifu-tests/strict.py",
+                               Selection(("**",), armed=True), module="strict")
+    f = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    info = info_of(f)
+    assert info is not None and not info.armed and info.cells
