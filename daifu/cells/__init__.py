@@ -8,6 +8,7 @@ use of its names, not at start-up.
 from __future__ import annotations
 
 from .._firstuse import first_use
+from ._armed import upgrade
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
 from ._cell import _INFOS as INFOS
@@ -37,7 +38,6 @@ from ._cell import (
     resolve,
     route_catch,
 )
-from ._armed import upgrade
 from ._context import FrameContext, read_locals
 from ._dispatch import SUPPORTED, backend, cell_at, cell_range
 from ._lazy import original_code, pending_of, use_dynamo

@@ -98,7 +98,7 @@ def _rewrite(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
     loaded = _registry.get(original.co_filename) if original is not None else None
     msrc = loaded.msrc if loaded is not None else None
     scope = msrc.scope_for(original) if msrc is not None and original is not None else None
-    if back is None or scope is None or original is None:
+    if back is None or msrc is None or scope is None or original is None:
         return None
     # the functions nested in it: armed too, in the same places of co_consts
     children = {id(o): a for o, a in zip(original.co_consts, armed.co_consts)

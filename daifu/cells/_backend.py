@@ -84,6 +84,10 @@ class Backend(Protocol):
         """``code`` armed (``_armed``): vaccinated at its first exception."""
         ...
 
+    def armed_end(self, armed: types.CodeType) -> int:
+        """Where armed code's traps begin (0: none)."""
+        ...
+
     def trap_path(self, armed: types.CodeType, new: types.CodeType,
                   lasti: int) -> tuple | None:
         """Where armed code's trap for instruction ``lasti`` calls the upgrade,

@@ -372,7 +372,7 @@ def cells_of(code: types.CodeType) -> CodeInfo | None:
     upgrade of a running frame); None if it cannot be vaccinated."""
     info = info_of(code)
     if info is not None and info.armed and info.upgraded is None:
-        complete = _wired.complete
+        complete = _state.complete
         if info.refused is not None or complete is None or complete(info, code) is None:
             return None
     return info
@@ -408,12 +408,12 @@ class _Wired:
     complete: Any = None
 
 
-_wired = RUNTIME.part(__name__, _Wired())
+_state = RUNTIME.part(__name__, _Wired())
 
 
 def use_completion(complete: Any) -> None:
     """``complete(info, armed code)`` (``_armed.complete``)."""
-    _wired.complete = complete
+    _state.complete = complete
 
 
 class IdentityMemo:

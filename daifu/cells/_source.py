@@ -77,6 +77,11 @@ class StatementIndex:
     def __init__(self, body: list[ast.stmt]):
         self.body = body
         self._levels: dict[int, tuple[list, list[ast.stmt]]] = {}
+        #: (span, statement) of the simple statement found last: a code
+        #: object's instructions come statement by statement, and a
+        #: position inside a statement without statements of its own is that
+        #: statement's (the bisection, for a run of instructions, once)
+        self._last: tuple[tuple[int, int, int, int], ast.stmt] | None = None
 
     def _level(self, key: int, stmts: list[ast.stmt]) -> tuple[list, list[ast.stmt]]:
         level = self._levels.get(key)
@@ -87,9 +92,20 @@ class StatementIndex:
         return level
 
     def lookup(self, pos: Position) -> ast.stmt | None:
-        line, _end_line, col, end_col = pos
+        line, end_line, col, end_col = pos
         if line is None:
             return None
+        last = self._last
+        if last is not None and col is not None and end_col is not None \
+                and end_line is not None and _contains(last[0], pos):
+            return last[1]
+        found = self._bisect(pos, line, col, end_col)
+        if found is not None and next(_child_blocks(found), None) is None:
+            self._last = (_span(found), found)
+        return found
+
+    def _bisect(self, pos: Position, line: int, col: int | None,
+                end_col: int | None) -> ast.stmt | None:
         found: ast.stmt | None = None
         starts, stmts = self._level(0, self.body)
         while stmts:

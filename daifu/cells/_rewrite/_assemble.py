@@ -6,6 +6,7 @@ from __future__ import annotations
 import dis
 import itertools
 import types
+from typing import cast
 
 from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
@@ -154,6 +155,52 @@ def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, o
     return code.replace(co_code=lay.code(), co_consts=tuple(consts), co_names=tuple(names),
                         co_exceptiontable=bytes(table), co_linetable=lines,
                         co_stacksize=stacksize)
+
+
+def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.CodeType,
+           const_updates: dict[int, object], tail: list[_Item],
+           stacksize: int) -> types.CodeType | None:
+    """``code`` with its own instructions as they are -- ``ops``, each
+    under the exception-table entry ``keys`` gives it -- and ``tail`` laid
+    out after them (armed code: ``_core.arm``).  Its location table is the
+    original's and "no location" for the tail.  None where the ops' offsets
+    are not known or a template's index would not fit its byte (``splice``
+    does it then)."""
+    offsets = [op.offset for op in ops]
+    if not ops or None in offsets:
+        return None
+    at = cast("list[int]", offsets)
+    consts, names = list(code.co_consts), list(code.co_names)
+    for index, value in const_updates.items():
+        consts[index] = value
+    tables = _Tables(consts, names)
+    for shape in {it.chunk.shape: None for it in tail if it.chunk is not None}:
+        for _pos, how, value in _template_of(shape).patches:
+            if tables.index(how, value) > 0xFF:
+                return None
+    base = len(code.co_code) // 2  # (the tail's first code unit)
+    lay = _Layout(tail, tables)
+    place = {label: base + off for label, off in lay.label_off.items()}
+    for label, i in label_at.items():  # (the original's handlers)
+        place[label] = base if i >= len(ops) else at[i] // 2
+    ranges = [(at[i] // 2, at[i + 1] // 2 if i + 1 < len(ops) else base, keys[i])
+              for i in range(len(ops))]
+    ranges += [(start + base, stop + base, key) for start, stop, key in lay.ranges()]
+    table = bytearray()
+    for start, stop, (target, lasti, depth) in _merged(ranges):
+        _varint(table, start, 0x80)
+        _varint(table, stop - start, 0)
+        # (an int: a place in the tail's chunks; a label: placed above)
+        _varint(table, target + base if type(target) is int else place[target], 0)
+        _varint(table, depth << 1 | int(lasti), 0)
+    lines = bytearray(code.co_linetable)
+    left = lay.end
+    while left > 0:
+        lines.append(0x80 | _NO_LOCATION << 3 | (min(left, 8) - 1))
+        left -= 8
+    return code.replace(co_code=code.co_code + lay.code(), co_consts=tuple(consts),
+                        co_names=tuple(names), co_exceptiontable=bytes(table),
+                        co_linetable=bytes(lines), co_stacksize=stacksize)
 
 
 def _merged(ranges):

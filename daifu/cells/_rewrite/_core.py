@@ -17,6 +17,7 @@ from ._assemble import (
     _as_ops,
     _NotSpliced,
     _with_try_blocks,
+    append,
     expand,
     splice,
 )
@@ -24,12 +25,12 @@ from ._emit import (
     _NOWHERE,
     Continuation,
     _Chunk,
-    _reraise,
     _emit_continuation_prologue,
     _emit_copy,
     _emit_stubs,
     _instr,
     _Item,
+    _reraise,
     stub_peak,
 )
 from ._handlers import (
@@ -45,7 +46,6 @@ from ._ops import (
     _EXTENDED_ARG,
     INLINED_CALLS,
     PY,
-    EntryKey,
     NothingToProtect,
     Unsupported,
     _location,
@@ -202,13 +202,13 @@ def _read_raw_args(code: types.CodeType, ops: list[_Op]) -> None:
     set and ``splice`` leaves the assembly to ``bytecode``)."""
     raw, pos, n = code.co_code, 0, len(code.co_code)
     for op in ops:
-        ext = 0
+        ext, op.offset = 0, pos
         while pos < n and raw[pos] == _EXTENDED_ARG:
             ext = (ext | raw[pos + 1]) << 8
             pos += 2
         if pos >= n or raw[pos] != op.instr._opcode:  # noqa: SLF001
             for other in ops:
-                other.raw = None
+                other.raw = other.offset = None
             return
         if not isinstance(op.instr.arg, Label):
             op.raw = ext | raw[pos + 1]
@@ -331,14 +331,11 @@ def _emit_original(p: Plan, target) -> list[_Item]:
     stub; an armed function's trap) with the cell's base depth and lasti.
     Armed and vaccinated code lay them out alike: the same instructions at
     the same offsets (``_readback.trap_path`` checks)."""
-    owner: dict[int, _Run] = {}
-    for run in p.runs:
-        for i in range(run.start, run.stop):
-            owner[i] = run
+    owner = _owners(p)
     items: list[_Item] = []
     last_stub = None  # the stub the instruction emitted last would have
     for i, op in enumerate(p.ops):
-        owner_run = owner.get(i)
+        owner_run = owner[i]
         if (PY.inline_call_unwind and owner_run is not None and owner_run.start == i
                 and op.instr.name in INLINED_CALLS):
             # an exception coming back from the generator a specialised
@@ -370,6 +367,15 @@ def _emit_original(p: Plan, target) -> list[_Item]:
     return items
 
 
+def _owners(p: Plan) -> list[_Run | None]:
+    """The run each instruction belongs to (None: none)."""
+    owner: list[_Run | None] = [None] * len(p.ops)
+    for run in p.runs:
+        for i in range(run.start, run.stop):
+            owner[i] = run
+    return owner
+
+
 def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
         replace_consts: dict | None = None) -> types.CodeType:
     """Armed code (``cells._armed``): the original instructions, each cell's
@@ -385,21 +391,32 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     traps: dict[tuple, Label] = {}
     for run in p.runs:
         traps.setdefault((run.base, run.entry), Label())
-    items = _emit_original(p, lambda run: traps[(run.base, run.entry)])
-    items.append(_Item(_instr("NOP", loc=_NOWHERE), None))  # (as ``emit``'s)
+    tail = [_Item(_instr("NOP", loc=_NOWHERE), None)]  # (as ``emit``'s)
     mark = (ARMED_MARK, info.key)
     for (base, entry), label in traps.items():
         own = own_test(handler_chain(p.ops, p.label_at, entry, msrc, code))
-        items.append(_Item(label=label))
+        tail.append(_Item(label=label))
         # (bytecode's InstrArg has no type for a constant's value)
-        items.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
-        items.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
-        items += _reraise(entry)  # (whatever the upgrade did not take over)
+        tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))
+        tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
+        tail += _reraise(entry)  # (whatever the upgrade did not take over)
     stacksize = max(p.peak, code.co_stacksize, *(stub_peak(base) for base, _ in traps))
-    try:
-        new = splice(items, code, p.const_updates, stacksize)
-    except _NotSpliced as exc:
-        raise Unsupported(f"not armed: {exc}") from exc
+    owner = _owners(p)
+    keys = [(traps[(run.base, run.entry)], True, run.base) if run is not None else op.entry
+            for op, run in zip(p.ops, (p.redirects.get(i, r) for i, r in enumerate(owner)))]
+    # the original instructions as they are, where nothing is inserted among
+    # them (3.13: a NOP before a cell's FOR_ITER/SEND)
+    new = None
+    if not (PY.inline_call_unwind and any(run is not None and run.start == i
+                                           and op.instr.name in INLINED_CALLS
+                                           for i, (op, run) in enumerate(zip(p.ops, owner)))):
+        new = append(p.ops, keys, p.label_at, code, p.const_updates, tail, stacksize)
+    if new is None:
+        items = _emit_original(p, lambda run: traps[(run.base, run.entry)]) + tail
+        try:
+            new = splice(items, code, p.const_updates, stacksize)
+        except _NotSpliced as exc:
+            raise Unsupported(f"not armed: {exc}") from exc
     info.armed = True
     return new
 

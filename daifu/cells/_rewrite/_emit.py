@@ -12,7 +12,6 @@ from ..._record import field, record
 from .._cell import (
     CONTINUE_CODE,
     P_BARRIER,
-    P_UPGRADE,
     P_GETPROFILE,
     P_GETTRACE,
     P_SYS,

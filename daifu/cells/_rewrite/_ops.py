@@ -141,6 +141,9 @@ class _Op:
     #: the argument as encoded in the original code (``_assemble.splice``
     #: reuses it), None for a jump or where it could not be read
     raw: int | None = None
+    #: its byte offset in the original code (its ``EXTENDED_ARG`` prefixes
+    #: included), where it could be read (``_read_raw_args``)
+    offset: int | None = None
 
 
 def _location(instr: Instr) -> tuple:

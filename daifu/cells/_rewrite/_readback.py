@@ -83,7 +83,7 @@ def _call_in(raw: bytes, start: int) -> tuple[int, int, list[int]] | None:
     """(offset, end, the opcodes before it) of the first call with 4
     arguments from ``start``: the barrier's (or the upgrade's) in a stub's
     shared part (``_emit``)."""
-    at, ops = start, []
+    at, ops = start, list[int]()
     while at < len(raw) and len(ops) < 512:
         op, arg, after = _decode(raw, at)
         if op == _CALL and arg == 4:
@@ -111,7 +111,7 @@ def trap_path(armed: types.CodeType, new: types.CodeType, lasti: int) -> tuple |
         return None
     op, arg, after = _decode(raw2, e2.target)
     ref = new.co_consts[arg] if op == _LOAD_CONST and arg < len(new.co_consts) else None
-    if not is_cell_ref(ref) or ref[1] != mark[1]:
+    if ref is None or not is_cell_ref(ref) or ref[1] != mark[1]:
         return None
     op, arg, after = _decode(raw2, after)
     if op != _JUMP_FORWARD:
