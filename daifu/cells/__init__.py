@@ -8,7 +8,7 @@ use of its names, not at start-up.
 from __future__ import annotations
 
 from .._firstuse import first_use
-from ._armed import upgrade
+from ._armed import armed_guards, handlers_code, upgrade
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
 from ._cell import _INFOS as INFOS
@@ -122,6 +122,8 @@ __all__ = [
     "set_const",
     "source_for_file",
     "target_files",
+    "armed_guards",
+    "handlers_code",
     "upgrade",
     "use_barrier",
     "vaccinate_function",

@@ -117,7 +117,7 @@ def upgrade(frame: types.FrameType, mark: tuple, lasti: int,
     must return into ``frame`` through its interpreter frame."""
     armed = frame.f_code
     info = info_of(armed)
-    if info is None or not info.armed or type(mark) is not tuple or mark[1:] != (info.key,):
+    if info is None or not info.armed or type(mark) is not tuple or mark[1] != info.key:
         return None
     new = complete(info, armed)
     if new is None:
@@ -141,6 +141,38 @@ def upgrade(frame: types.FrameType, mark: tuple, lasti: int,
     if not back.swap_code(frame, new, call_old, resume_old, call_new, resume_new):
         return None
     return ref
+
+
+def handlers_code(code: types.CodeType) -> types.CodeType:
+    """The code whose exception table holds the program's own handlers
+    around ``code``'s instructions: for armed code (whose table leads its
+    cells to traps) the original, where its instructions are where armed
+    code has them, else the vaccinated code (made now); ``code`` itself
+    otherwise."""
+    info = info_of(code)
+    if info is None or not info.armed or code is info.upgraded:
+        return code
+    original = info.original
+    back, _ = backend()
+    if original is not None and back is not None \
+            and back.armed_end(code) == len(original.co_code) + 2:  # (its NOP after them)
+        return original
+    new = complete(info, code)
+    return new if new is not None else code
+
+
+def armed_guards(code: types.CodeType, offset: int) -> tuple | None:
+    """The program's handlers around byte ``offset`` of armed code, when a
+    cell holds it (its trap's group's: what the cell's ``guards`` will be),
+    without making the cells; None otherwise (not armed, or not a cell's)."""
+    info = info_of(code)
+    if info is None or not info.armed or code is info.upgraded:
+        return None
+    back, _ = backend()
+    mark = back.trap_at(code, offset) if back is not None else None
+    if mark is None or mark[1] != info.key or not 0 <= mark[2] < len(info.traps):
+        return None
+    return info.traps[mark[2]]
 
 
 use_completion(complete)

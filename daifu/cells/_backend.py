@@ -88,6 +88,10 @@ class Backend(Protocol):
         """Where armed code's traps begin (0: none)."""
         ...
 
+    def trap_at(self, armed: types.CodeType, offset: int) -> tuple | None:
+        """The constant of the trap byte ``offset`` of armed code leads to."""
+        ...
+
     def trap_path(self, armed: types.CodeType, new: types.CodeType,
                   lasti: int) -> tuple | None:
         """Where armed code's trap for instruction ``lasti`` calls the upgrade,

@@ -224,6 +224,10 @@ class CodeInfo:
     #: exception, or when something asks for its cells (``cells_of``)
     armed: bool = False
     upgraded: types.CodeType | None = None
+    #: armed code: the handlers around each group of cells (a trap's, by the
+    #: index its constant holds): what the engine asks of a caller, or of
+    #: the program's own exceptions, without making the cells
+    traps: list = field(default_factory=list)
     #: where the armed code's traps begin: below it, both codes hold the same
     #: instructions at the same offsets (the cells' ranges are the vaccinated
     #: code's)
@@ -258,7 +262,8 @@ class CodeInfo:
 
 #: the first item of the constant each cell's stub loads: (CELL_MARK, key, index)
 CELL_MARK = "daifu.cell"
-#: the first item of the constant an armed function's traps load: (ARMED_MARK, key)
+#: the first item of the constant an armed function's traps load:
+#: (ARMED_MARK, key, index of the trap's group in ``CodeInfo.traps``)
 ARMED_MARK = "daifu.armed"
 #: every CodeInfo made or loaded in this process, by key (a vaccinated
 #: function's code refers to its info only through the key)
@@ -393,7 +398,7 @@ def _scan(code: types.CodeType) -> CodeInfo | None:
         if is_cell_ref(const):
             cell = resolve(const)
             return cell.info if cell is not None else None
-        if type(const) is tuple and len(const) == 2 and const[0] == ARMED_MARK:
+        if type(const) is tuple and len(const) == 3 and const[0] == ARMED_MARK:
             info = _INFOS.get(const[1]) if type(const[1]) is str else None
             return info if info is not None and info.armed else None
     return None

@@ -11,10 +11,18 @@ from collections.abc import Callable
 
 from .._runtime import RUNTIME, state_record
 from ..cells import INFOS as _INFOS
-from ..cells import RAISE_CODE, WithGuard, jump_answer, resolve, upgrade
-from ._engine import ENGINE
+from ..cells import (
+    RAISE_CODE,
+    WithGuard,
+    armed_guards,
+    jump_answer,
+    resolve,
+    target_files,
+    upgrade,
+)
+from ._engine import _NOT_CRASHES, ENGINE
 from ._fastpath import ROUTES, passing, remember_route
-from ._guards import caught_above, take_passing, take_through
+from ._guards import caught_above, handled_above, take_passing, take_through, would_catch
 from ._signals import deliver, hold, release
 from .human._break import is_break
 
@@ -148,20 +156,50 @@ def upgraded(exc: BaseException, mark: tuple, lasti: int, stack: tuple) -> int |
     just after the barrier call of the failing cell's stub, where this
     answer lands -- the barrier's (``judge``).  Where the frame cannot be
     moved, "re-raise": this exception goes on as without daifu, and the
-    function's next calls are vaccinated.  Never raises."""
+    function's next calls are vaccinated.  An exception a caller handles
+    (``caught_above``: armed callers answer from their traps' handlers)
+    is re-raised at once, and the function stays armed.  Never raises."""
     frame = _getframe(1)
     main = _get_ident() == _MAIN
     if main:
         hold()  # (the rewrite is Python code too: no handler of the program runs in it)
     try:
-        try:
-            ref = upgrade(frame, mark, lasti, _getframe(0))
-        except BaseException:  # daifu must never make a crash worse
-            ref = None
-        answer = RAISE_CODE if ref is None else _judge(exc, ref, lasti, stack, frame)
+        answer = _handled(exc, frame, lasti)
+        if answer is None:
+            try:
+                ref = upgrade(frame, mark, lasti, _getframe(0))
+            except BaseException:  # daifu must never make a crash worse
+                ref = None
+            answer = RAISE_CODE if ref is None else _judge(exc, ref, lasti, stack, frame)
     finally:
         late = release() if main else []
     return _deliver(late, frame, lasti, answer) if late else answer
+
+
+def _handled(exc: BaseException, frame: types.FrameType, lasti: int) -> int | None:
+    """``RAISE_CODE`` for an exception that is no crash at an armed frame,
+    while nothing is in flight (the engine's ``_is_crash``, without the
+    cell): the end of an iteration, one given up below, one an ``except``
+    of the frame's own around the failing instruction or a caller handles
+    (or a vaccinated caller will decide); else None (the upgrade, then the
+    barrier's judgement)."""
+    try:
+        if passing[0] is not None:
+            passing[0] = passing[1] = None
+        if ENGINE._pending or ENGINE._forward or not isinstance(exc, Exception):
+            return None
+        if isinstance(exc, _NOT_CRASHES) or ENGINE.gave_up.seen(exc, frame):
+            return RAISE_CODE
+        own = armed_guards(frame.f_code, 2 * lasti)
+        if own and would_catch(own, exc, frame, None) is True \
+                or caught_above(exc, frame) or handled_above(frame, exc, target_files()):
+            taken = take_passing()
+            if taken is not None and ENGINE.quiet():  # (the stubs between let it pass)
+                passing[1], passing[0] = taken[0], exc
+            return RAISE_CODE
+    except Exception:  # (the walk failed: the judgement decides)
+        pass
+    return None
 
 
 def _judge(exc: BaseException, ref: tuple, lasti: int, stack: tuple,

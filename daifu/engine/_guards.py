@@ -42,9 +42,12 @@ from ..cells import (
     OpaqueGuard,
     Ref,
     WithGuard,
+    armed_guards,
     backend,
     cell_at,
     cells_of,
+    handlers_code,
+    is_vaccinated,
     original_code,
     read_locals,
     route_catch,
@@ -511,7 +514,7 @@ def _facts(code: types.CodeType, offset: int) -> list:
             guards = _guards_at(code, offset)
         except Exception:
             guards = ()
-        facts = [cells_of(code) is not None, guards, None, None, MISSING]
+        facts = [is_vaccinated(code), guards, None, None, MISSING]
         _FACTS.keep((id(code), offset), code, facts)
     return facts
 
@@ -524,8 +527,9 @@ def _stub_const(code: types.CodeType, offset: int) -> tuple | None:
     """The constant that the stub of the cell holding byte ``offset`` of
     ``code`` loads (the very object in ``co_consts``: the stubs compare it
     by identity, ``passing[1]``), or None when no cell holds it (the
-    exception would not reach a stub there)."""
-    info = cells_of(code)
+    exception would not reach a stub there; armed code's traps let nothing
+    pass)."""
+    info = cells_of(code) if armed_guards(code, offset) is None else None
     cell = cell_at(info, code, offset) if info is not None else None
     if cell is None:
         return None
@@ -732,12 +736,16 @@ def guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
 
 
 def _guards_at(code: types.CodeType, offset: int) -> tuple[Guard, ...]:
-    info = cells_of(code)
+    guards = armed_guards(code, offset)  # (armed code: its cells are not made for this)
+    if guards is not None:
+        return guards
+    info = cells_of(code) if handlers_code(code) is code else None
     if info is not None:
         cell = cell_at(info, code, offset)
         if cell is not None:
             return cell.guards
     back, _ = backend()
+    code = handlers_code(code)  # (armed code: its own handlers, not its traps)
     if back is None or not _covered(code, offset):
         return ()  # no handler around it: nothing to decode (or parse)
     from ..cells import source_for_file  # lazy: 17.3 ms

@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = _configured(ns, script)
     if module in TOOLS:  # the program the tool runs is the one daifu is for
         cfg.main, tool_module = _tool_program(args)
+        # cProfile counts a call under its code object: a frame moved onto its
+        # vaccinated code at its first exception (armed code) would lose it
+        cfg.armed = cfg.armed and module != "cProfile"
         project = (cfg.main, tool_module)
     else:
         project = (script, module)

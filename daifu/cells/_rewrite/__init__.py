@@ -57,13 +57,13 @@ _LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "c_passes_
                    "chain_for_code", "effects", "has_except_handler", "returns_truthy",
                    "rewrite", "plan", "emit", "assemble", "Plan", "arm"})
 #: reading rewritten code back, without ``bytecode`` (``_readback``)
-_READBACK = frozenset({"armed_end", "cell_ranges", "lasti_offset", "trap_path"})
+_READBACK = frozenset({"armed_end", "cell_ranges", "lasti_offset", "trap_at", "trap_path"})
 
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "arm", "armed_end",
            "called_from_c",
            "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
            "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
-           "swap_code", "trap_path", "write_locals"]
+           "swap_code", "trap_at", "trap_path", "write_locals"]
 
 
 def __getattr__(name: str) -> Any:

@@ -392,11 +392,13 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     for run in p.runs:
         traps.setdefault((run.base, run.entry), Label())
     tail = [_Item(_instr("NOP", loc=_NOWHERE), None)]  # (as ``emit``'s)
-    mark = (ARMED_MARK, info.key)
+    info.traps = []
     for (base, entry), label in traps.items():
-        own = own_test(handler_chain(p.ops, p.label_at, entry, msrc, code))
+        guards = handler_chain(p.ops, p.label_at, entry, msrc, code)
+        own = own_test(guards)
         tail.append(_Item(label=label))
-        # (bytecode's InstrArg has no type for a constant's value)
+        mark = (ARMED_MARK, info.key, len(info.traps))
+        info.traps.append(guards)
         tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))
         tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
         tail += _reraise(entry)  # (whatever the upgrade did not take over)

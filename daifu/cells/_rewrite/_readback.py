@@ -107,7 +107,7 @@ def trap_path(armed: types.CodeType, new: types.CodeType, lasti: int) -> tuple |
         return None
     op, arg, head1 = _decode(raw1, e1.target)
     mark = armed.co_consts[arg] if op == _LOAD_CONST and arg < len(armed.co_consts) else None
-    if type(mark) is not tuple or len(mark) != 2 or mark[0] != ARMED_MARK:
+    if type(mark) is not tuple or len(mark) != 3 or mark[0] != ARMED_MARK:
         return None
     op, arg, after = _decode(raw2, e2.target)
     ref = new.co_consts[arg] if op == _LOAD_CONST and arg < len(new.co_consts) else None
@@ -138,6 +138,19 @@ def armed_end(armed: types.CodeType) -> int:
     for entry in dis._parse_exception_table(armed):  # type: ignore[attr-defined]  # noqa: SLF001
         op, arg, _ = _decode(raw, entry.target)
         const = consts[arg] if op == _LOAD_CONST and arg < len(consts) else None
-        if entry.lasti and type(const) is tuple and len(const) == 2 and const[0] == ARMED_MARK:
+        if entry.lasti and type(const) is tuple and len(const) == 3 and const[0] == ARMED_MARK:
             traps.append(entry.target)
     return min(traps) if traps else 0
+
+
+def trap_at(armed: types.CodeType, offset: int) -> tuple | None:
+    """The constant of the trap that byte ``offset`` of armed code leads to
+    (``(ARMED_MARK, key, group)``), or None: no cell holds it."""
+    entry = _entry_at(armed, offset)
+    if entry is None or not entry.lasti:
+        return None
+    op, arg, _ = _decode(armed.co_code, entry.target)
+    const = armed.co_consts[arg] if op == _LOAD_CONST and arg < len(armed.co_consts) else None
+    if type(const) is tuple and len(const) == 3 and const[0] == ARMED_MARK:
+        return const
+    return None
