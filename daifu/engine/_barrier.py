@@ -163,14 +163,15 @@ def upgraded(exc: BaseException, mark: tuple, lasti: int, stack: tuple) -> int |
     main = _get_ident() == _MAIN
     if main:
         hold()  # (the rewrite is Python code too: no handler of the program runs in it)
+    answer: int | tuple = RAISE_CODE
     try:
-        answer = _handled(exc, frame, lasti)
-        if answer is None:
+        if _handled(exc, frame, lasti) is None:
             try:
                 ref = upgrade(frame, mark, lasti, _getframe(0))
             except BaseException:  # daifu must never make a crash worse
                 ref = None
-            answer = RAISE_CODE if ref is None else _judge(exc, ref, lasti, stack, frame)
+            if ref is not None:
+                answer = _judge(exc, ref, lasti, stack, frame)
     finally:
         late = release() if main else []
     return _deliver(late, frame, lasti, answer) if late else answer

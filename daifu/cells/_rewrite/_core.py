@@ -399,7 +399,8 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
         tail.append(_Item(label=label))
         mark = (ARMED_MARK, info.key, len(info.traps))
         info.traps.append(guards)
-        tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))
+        # (bytecode's InstrArg has no type for a constant's value)
+        tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
         tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
         tail += _reraise(entry)  # (whatever the upgrade did not take over)
     stacksize = max(p.peak, code.co_stacksize, *(stub_peak(base) for base, _ in traps))
