@@ -229,7 +229,7 @@ def _run(tmp_path, *args, env=None):
     script = tmp_path / "prog.py"
     script.write_text(RUNNER)
     (tmp_path / "fixes.py").write_text(FIXES)
-    env = {**os.environ, "DAIFU_CACHE": str(tmp_path / "cache"), **(env or {})}
+    env = {**os.environ, "DAIFU_CACHE": str(tmp_path / "cache"), **(env or {"DAIFU_ARM": "1"})}
     out = subprocess.run([sys.executable, "-m", "daifu", "--fixes", str(tmp_path / "fixes.py"),
                           *args, str(script)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)
@@ -238,13 +238,13 @@ def _run(tmp_path, *args, env=None):
 
 
 def test_recovered_by_the_runner_first_start_and_from_the_code_cache(tmp_path):
-    first = _run(tmp_path)
+    first = _run(tmp_path, "--arm")
     # the tracer saw the program's calls only: no frame of daifu's
     assert first == ["175 0", "['prog.py']", "False"]
     assert os.listdir(tmp_path / "cache")
     assert _run(tmp_path) == first  # (armed code from the cache)
     assert _run(tmp_path, env={"DAIFU_ARM": "0"}) == first
-    assert _run(tmp_path, "--full-rewrite") == first
+    assert _run(tmp_path, env={"DAIFU_ARM": "1"}) == first
 
 
 def test_armed_code_keeps_its_signature_and_lines(m):

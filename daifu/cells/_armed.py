@@ -51,6 +51,7 @@ from ._cell import CodeInfo, info_of, use_completion
 from ._dispatch import backend
 
 _CO_OPTIMIZED = 0x1  # a function's code (module and class bodies are not)
+_TRANSIENT = (RecursionError, MemoryError)
 
 
 @state_record
@@ -72,9 +73,13 @@ def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
             return info.upgraded
         if info.refused is not None:
             return None
+        back, _ = backend()
         try:
             new, reason = _rewrite(info, armed), None
         except Exception as exc:  # (``Unsupported``: said why; anything else is daifu's)
+            if isinstance(exc, _TRANSIENT) or isinstance(exc.__cause__, _TRANSIENT):
+                info.cells.clear()  # (at the recursion limit: the next exception tries again)
+                return None
             new, reason = None, str(exc) or type(exc).__name__
         if new is None:
             info.cells.clear()
@@ -86,7 +91,6 @@ def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
             except Exception:  # (-W error: the warning is the program's to see, not to raise)
                 pass
             return None
-        back, _ = backend()
         assert back is not None  # (``_rewrite`` made code: there is a backend)
         info.upgraded, info.ranges, info.armed_end = new, None, back.armed_end(armed)
         return new
@@ -108,13 +112,15 @@ def _rewrite(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
 
 
 def upgrade(frame: types.FrameType, mark: tuple, lasti: int,
-            helper: types.FrameType) -> tuple | None:
+            helper: types.FrameType | None) -> tuple | None:
     """Vaccinate the armed code ``frame`` runs and move the frame onto it
     (see the module docstring): the constant of the failing cell's stub in
     the vaccinated code, the frame now suspended just after that stub's
     barrier call; None if the frame stays on its armed code.  ``helper``:
     the frame of the function the trap called (and that calls this), which
-    must return into ``frame`` through its interpreter frame."""
+    must return into ``frame`` through its interpreter frame; None: the
+    function gets its vaccinated code for its next calls, the frame is left
+    as it is."""
     armed = frame.f_code
     info = info_of(armed)
     if info is None or not info.armed or type(mark) is not tuple or mark[1] != info.key:
@@ -131,7 +137,8 @@ def upgrade(frame: types.FrameType, mark: tuple, lasti: int,
                 func.__code__ = new  # (its next calls run vaccinated code)
             except ValueError:  # pragma: no cover - the same free variables: never
                 pass
-    if back.called_from_c(helper) is not False or new.co_stacksize > armed.co_stacksize \
+    if helper is None or back.called_from_c(helper) is not False \
+            or new.co_stacksize > armed.co_stacksize \
             or new.co_nlocals != armed.co_nlocals:
         return None
     path = back.trap_path(armed, new, lasti)
@@ -161,10 +168,10 @@ def handlers_code(code: types.CodeType) -> types.CodeType:
     return new if new is not None else code
 
 
-def armed_guards(code: types.CodeType, offset: int) -> tuple | None:
-    """The program's handlers around byte ``offset`` of armed code, when a
-    cell holds it (its trap's group's: what the cell's ``guards`` will be),
-    without making the cells; None otherwise (not armed, or not a cell's)."""
+def trap_of(code: types.CodeType, offset: int) -> tuple | None:
+    """The constant of the trap that byte ``offset`` of armed code leads to
+    (the very object its traps load: the stubs compare it by identity), or
+    None (not armed code, or no cell holds it)."""
     info = info_of(code)
     if info is None or not info.armed or code is info.upgraded:
         return None
@@ -172,6 +179,18 @@ def armed_guards(code: types.CodeType, offset: int) -> tuple | None:
     mark = back.trap_at(code, offset) if back is not None else None
     if mark is None or mark[1] != info.key or not 0 <= mark[2] < len(info.traps):
         return None
+    return mark
+
+
+def armed_guards(code: types.CodeType, offset: int) -> tuple | None:
+    """The program's handlers around byte ``offset`` of armed code, when a
+    cell holds it (its trap's group's: what the cell's ``guards`` will be),
+    without making the cells; None otherwise (not armed, or not a cell's)."""
+    mark = trap_of(code, offset)
+    if mark is None:
+        return None
+    info = info_of(code)
+    assert info is not None  # (``trap_of`` found it)
     return info.traps[mark[2]]
 
 

@@ -234,6 +234,8 @@ class CodeInfo:
     armed_end: int = 0
     #: why the armed code could not be vaccinated (it then runs as it is)
     refused: str | None = None
+    #: exceptions the program handled at armed code's traps (``engine._barrier``)
+    handled: int = 0
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -248,7 +250,8 @@ class CodeInfo:
     def __getstate__(self) -> dict:  # (the upgrade is this process's, not the cache's)
         state = dict(self.__dict__)
         if self.armed:
-            state.update(upgraded=None, refused=None, cells=[], ranges=None, armed_end=0)
+            state.update(upgraded=None, refused=None, cells=[], ranges=None, armed_end=0,
+                         handled=0)
         return state
 
     def ref(self, cell: Cell) -> tuple:

@@ -172,9 +172,29 @@ def upgraded(exc: BaseException, mark: tuple, lasti: int, stack: tuple) -> int |
                 ref = None
             if ref is not None:
                 answer = _judge(exc, ref, lasti, stack, frame)
+        else:
+            _handled_again(frame, mark, lasti)
     finally:
         late = release() if main else []
     return _deliver(late, frame, lasti, answer) if late else answer
+
+
+#: exceptions the program handles at an armed function's traps before it is
+#: vaccinated for its next calls (whose handled exceptions then take the
+#: remembered routes, in C): one that raises now and then stays armed
+HANDLED_BEFORE_UPGRADE = 16
+
+
+def _handled_again(frame: types.FrameType, mark: tuple, lasti: int) -> None:
+    info = _INFOS.get(mark[1]) if type(mark) is tuple and len(mark) == 3 else None
+    if info is None:
+        return
+    info.handled += 1
+    if info.handled == HANDLED_BEFORE_UPGRADE:
+        try:
+            upgrade(frame, mark, lasti, None)  # (the function's next calls; not this frame)
+        except Exception:
+            pass
 
 
 def _handled(exc: BaseException, frame: types.FrameType, lasti: int) -> int | None:
@@ -198,8 +218,8 @@ def _handled(exc: BaseException, frame: types.FrameType, lasti: int) -> int | No
             if taken is not None and ENGINE.quiet():  # (the stubs between let it pass)
                 passing[1], passing[0] = taken[0], exc
             return RAISE_CODE
-    except Exception:  # (the walk failed: the judgement decides)
-        pass
+    except Exception:  # (the walk failed: a RecursionError at the limit): as a stub's
+        return RAISE_CODE  # barrier call that fails, re-raise
     return None
 
 

@@ -51,6 +51,7 @@ from ..cells import (
     original_code,
     read_locals,
     route_catch,
+    trap_of,
 )
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
@@ -512,6 +513,8 @@ def _facts(code: types.CodeType, offset: int) -> list:
     if facts is MISSING:
         try:
             guards = _guards_at(code, offset)
+        except (RecursionError, MemoryError):
+            raise  # (at the limit: nothing kept, the next exception asks again)
         except Exception:
             guards = ()
         facts = [is_vaccinated(code), guards, None, None, MISSING]
@@ -527,9 +530,12 @@ def _stub_const(code: types.CodeType, offset: int) -> tuple | None:
     """The constant that the stub of the cell holding byte ``offset`` of
     ``code`` loads (the very object in ``co_consts``: the stubs compare it
     by identity, ``passing[1]``), or None when no cell holds it (the
-    exception would not reach a stub there; armed code's traps let nothing
-    pass)."""
-    info = cells_of(code) if armed_guards(code, offset) is None else None
+    exception would not reach a stub there); of armed code, the constant
+    of its trap."""
+    mark = trap_of(code, offset)
+    if mark is not None:
+        return mark
+    info = cells_of(code)
     cell = cell_at(info, code, offset) if info is not None else None
     if cell is None:
         return None

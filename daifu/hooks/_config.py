@@ -285,10 +285,10 @@ OPTIONS: tuple[Option, ...] = (
            "default: JSON in a file or a pipe, for people on a terminal)", metavar="FORMAT",
            choices=("json", "console", "auto"), env="DAIFU_LOG_FORMAT", field="log_format",
            parse=str.lower, export=lambda cfg: cfg.log_format),
-    Option(("--full-rewrite",), "rewrite every vaccinated function in full at import (by "
-           "default a function is armed at import and rewritten at its first exception: "
-           "faster first starts)",
-           env="DAIFU_ARM", env_value="0", field="armed", const=False, parse=_switch,
+    Option(("--arm",), "arm each function at import (its own instructions and a trap per "
+           "group of statements) and rewrite it in full, in its running frame, at its first "
+           "exception: a faster first start (by default every function is rewritten at import)",
+           env="DAIFU_ARM", env_value="1", field="armed", const=True, parse=_switch,
            expects=_ON_OFF),
     Option(("--strict",), "fail if a selected function cannot be vaccinated",
            env="DAIFU_STRICT", env_value="1", field="strict", const=True, parse=_switch,
@@ -387,7 +387,7 @@ class Config:
     #: what ``lazy`` vaccinates is rewritten at import (not at first call)
     eager: bool = True
     #: armed at import, rewritten in full at the first exception (``cells._armed``)
-    armed: bool = True
+    armed: bool = False
     fixes: tuple[str, ...] = ()
     max_attempts: int = 5
     log: str | None = None
