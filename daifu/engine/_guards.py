@@ -513,8 +513,8 @@ def _facts(code: types.CodeType, offset: int) -> list:
     if facts is MISSING:
         try:
             guards = _guards_at(code, offset)
-        except (RecursionError, MemoryError):
-            raise  # (at the limit: nothing kept, the next exception asks again)
+        except (RecursionError, MemoryError):  # (at the limit: not kept, asked again later)
+            return [is_vaccinated(code), (), None, None, MISSING]
         except Exception:
             guards = ()
         facts = [is_vaccinated(code), guards, None, None, MISSING]
