@@ -130,31 +130,47 @@ class _Expand(Exception):
     """A template's constant or name index does not fit its one byte here."""
 
 
-def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],
-            stacksize: int) -> types.CodeType:
+def _tables(code: types.CodeType, const_updates: dict[int, object],
+            items: list[_Item]) -> _Tables:
+    """``code``'s constant and name tables, ``const_updates`` applied, and the
+    chunks' constants and names first, right after the original's (the
+    cells' constants come after them): a code object with many cells still
+    has them in one byte; one past a byte is known before the layout
+    (``_Expand``)."""
     consts, names = list(code.co_consts), list(code.co_names)
     for index, value in const_updates.items():
         consts[index] = value
     tables = _Tables(consts, names)
-    # the chunks' constants and names first, right after the original's (the
-    # cells' constants come after them): a code object with many cells
-    # still has them in one byte; one past a byte is known before the layout
     for shape in {it.chunk.shape: None for it in items if it.chunk is not None}:
         for _pos, how, value in _template_of(shape).patches:
             if tables.index(how, value) > 0xFF:
                 raise _Expand
-    lay = _Layout(items, tables)
+    return tables
+
+
+def _exception_table(ranges, place) -> bytes:
+    """The exception table of (start, stop, (target, lasti, depth)) ranges,
+    ``place(target)`` the code unit of a target."""
     table = bytearray()
-    label_off = lay.label_off
-    for start, stop, (target, lasti, depth) in _merged(lay.ranges()):
+    for start, stop, (target, lasti, depth) in _merged(ranges):
         _varint(table, start, 0x80)
         _varint(table, stop - start, 0)
-        _varint(table, target if type(target) is int else label_off[target], 0)
+        _varint(table, place(target), 0)
         _varint(table, depth << 1 | int(lasti), 0)
+    return bytes(table)
+
+
+def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],
+            stacksize: int) -> types.CodeType:
+    tables = _tables(code, const_updates, items)
+    lay = _Layout(items, tables)
+    label_off = lay.label_off
+    table = _exception_table(lay.ranges(), lambda target: target if type(target) is int
+                             else label_off[target])
     lines = _location_table(code.co_firstlineno, lay.starts, lay.locations)
-    return code.replace(co_code=lay.code(), co_consts=tuple(consts), co_names=tuple(names),
-                        co_exceptiontable=bytes(table), co_linetable=lines,
-                        co_stacksize=stacksize)
+    return code.replace(co_code=lay.code(), co_consts=tuple(tables.consts),
+                        co_names=tuple(tables.names), co_exceptiontable=table,
+                        co_linetable=lines, co_stacksize=stacksize)
 
 
 def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.CodeType,
@@ -170,14 +186,10 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     if not ops or None in offsets:
         return None
     at = cast("list[int]", offsets)
-    consts, names = list(code.co_consts), list(code.co_names)
-    for index, value in const_updates.items():
-        consts[index] = value
-    tables = _Tables(consts, names)
-    for shape in {it.chunk.shape: None for it in tail if it.chunk is not None}:
-        for _pos, how, value in _template_of(shape).patches:
-            if tables.index(how, value) > 0xFF:
-                return None
+    try:
+        tables = _tables(code, const_updates, tail)
+    except _Expand:
+        return None
     base = len(code.co_code) // 2  # (the tail's first code unit)
     lay = _Layout(tail, tables)
     place = {label: base + off for label, off in lay.label_off.items()}
@@ -186,20 +198,16 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     ranges = [(at[i] // 2, at[i + 1] // 2 if i + 1 < len(ops) else base, keys[i])
               for i in range(len(ops))]
     ranges += [(start + base, stop + base, key) for start, stop, key in lay.ranges()]
-    table = bytearray()
-    for start, stop, (target, lasti, depth) in _merged(ranges):
-        _varint(table, start, 0x80)
-        _varint(table, stop - start, 0)
-        # (an int: a place in the tail's chunks; a label: placed above)
-        _varint(table, target + base if type(target) is int else place[target], 0)
-        _varint(table, depth << 1 | int(lasti), 0)
+    # (a target that is an int: a place in the tail's chunks; a label: placed above)
+    table = _exception_table(ranges, lambda target: target + base if type(target) is int
+                             else place[target])
     lines = bytearray(code.co_linetable)
     left = lay.end
     while left > 0:
         lines.append(0x80 | _NO_LOCATION << 3 | (min(left, 8) - 1))
         left -= 8
-    return code.replace(co_code=code.co_code + lay.code(), co_consts=tuple(consts),
-                        co_names=tuple(names), co_exceptiontable=bytes(table),
+    return code.replace(co_code=code.co_code + lay.code(), co_consts=tuple(tables.consts),
+                        co_names=tuple(tables.names), co_exceptiontable=table,
                         co_linetable=bytes(lines), co_stacksize=stacksize)
 
 
