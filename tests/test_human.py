@@ -342,6 +342,41 @@ def test_attach_to_a_pid_that_is_not_waiting():
     assert "no daifu job with pid" in proc.stderr
 
 
+def test_the_endpoint_a_client_can_see_always_listens(tmp_path, monkeypatch):
+    """A client polls for ``PID.sock`` and connects (``daifu send`` from a
+    script): the name appears only once the socket listens and goes before
+    it closes, so no client is ever refused by an endpoint it found (a bound,
+    not yet listening, or closed socket answers ECONNREFUSED)."""
+    import socket
+
+    from daifu.engine.remote import _control
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("DAIFU_RUNTIME_DIR", str(runtime))
+    server = _control.ControlServer({}, "report", console_is_local=False)
+    sock = runtime / f"{os.getpid()}.sock"
+    seen = []
+
+    def probe(*_args):
+        if sock.exists():  # whatever a client finds, it can connect to
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(str(sock))
+            seen.append("connected")
+        else:
+            seen.append("absent")
+
+    rename, unlink = os.rename, os.unlink
+    monkeypatch.setattr(os, "rename", lambda *a: (probe(), rename(*a), probe()))
+    monkeypatch.setattr(os, "unlink", lambda *a: (probe(), unlink(*a), probe()))
+    server.start()
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert os.listdir(runtime) == [sock.name]  # (the staged name is gone)
+    server.stop()
+    assert not sock.exists()
+    assert seen[-4:] == ["absent", "connected", "connected", "absent"], seen
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a second user-id: not "
                     "available")
 def test_another_user_is_refused(tmp_path):

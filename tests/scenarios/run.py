@@ -131,6 +131,7 @@ def _stamp(event: dict) -> float:
 
 def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> list[dict]:
     from daifu.engine.remote._control import request
+    from daifu.engine.remote._rundir import EndpointError
 
     sock = Path(os.environ.get("DAIFU_RUNTIME_DIR", "")) / f"{proc.pid}.sock"
     replies = []
@@ -148,6 +149,9 @@ def _run_session(proc: subprocess.Popen, lines: list[str], timeout: float) -> li
                     break
             except OSError:
                 pass
+            except EndpointError as exc:  # gone between two crashes: nothing was sent
+                if "cannot connect" not in str(exc) and "no daifu job" not in str(exc):
+                    raise
             time.sleep(0.02)
         replies.append(reply)
     return replies

@@ -136,36 +136,44 @@ class ControlServer:
         self._closed = threading.Event()
 
     def start(self) -> str:
+        # The socket is bound and listening under a name no client looks
+        # for, then renamed into place: a client that sees ``PID.sock``
+        # connects (a bound socket not yet listening refuses the connection).
         directory = runtime_dir()
         self.path = os.path.join(directory, f"{os.getpid()}.sock")
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        staged = self.path + ".new"
+        for stale in (self.path, staged):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
-            with unix_address(self.path) as where:
+            with unix_address(staged) as where:
                 sock.bind(where)
         finally:
             os.umask(old_umask)
-        os.chmod(self.path, 0o600)
+        os.chmod(staged, 0o600)
         sock.listen(64)
+        os.rename(staged, self.path)
         self._sock = sock
         threading.Thread(target=self._accept, name="daifu-control", daemon=True).start()
         return self.path
 
     def stop(self) -> None:
+        # the name goes first: a client then finds no endpoint rather than
+        # one that refuses it
         self._closed.set()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
         if self._sock is not None:
             try:
                 self._sock.close()
             except OSError:
                 pass
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
 
     def _accept(self) -> None:
         sock = self._sock
