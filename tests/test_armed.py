@@ -158,6 +158,29 @@ def test_the_programs_own_exceptions_are_handled_as_without_daifu(m):
         m["middle"]({}, "k")
 
 
+def test_a_function_with_more_names_than_a_byte_holds_is_armed_and_recovers():
+    """The traps' own names and constants come after a big code object's
+    (here 300 globals): past index 255, their instructions are laid out
+    with ``EXTENDED_ARG`` after the original bytes, which stay as they are."""
+    names = [f"g{i}" for i in range(300)]
+    source = "".join(f"{n} = {i}\n" for i, n in enumerate(names)) + (
+        "def total(d):\n    s = " + " + ".join(names) + "\n    return s // d, s\n")
+    m = vaccinate(source, armed=True)
+    fn = m["total"]
+    assert _armed(fn) and len(fn.__code__.co_names) > 255
+    original = info_of(fn.__code__).original
+    assert fn.__code__.co_code[:len(original.co_code)] == original.co_code
+    s = sum(range(300))
+
+    @daifu.on(ZeroDivisionError, where="total")
+    def fix(crash):
+        crash.vars["d"] = 2
+        return daifu.RETRY
+
+    assert m["total"](0) == (s // 2, s)
+    assert not _armed(m["total"])
+
+
 def test_a_recursive_function_recovers_in_its_innermost_frame(m):
     seen = []
 

@@ -507,3 +507,50 @@ def test_spliced_stubs_are_the_code_bytecode_assembles(module, monkeypatch):
     if module == "deep":  # a cell with five values below it: its stub goes deepest
         assert max(c.co_stacksize for c in spliced) >= 2 * 5 + 11
 
+
+
+def _decoded(ops, label_at):
+    """The instructions as comparable values (a label: where it is)."""
+    from bytecode import Label
+
+    out = []
+    for op in ops:
+        arg, loc, entry = op.instr.arg, op.instr.location, op.entry
+        out.append((op.instr.name, ("label", label_at[arg]) if isinstance(arg, Label)
+                    else (type(arg).__name__, repr(arg)),
+                    None if entry is None else (label_at[entry[0]], *entry[1:]),
+                    None if loc is None else (loc.lineno, loc.end_lineno, loc.col_offset,
+                                              loc.end_col_offset), op.raw, op.offset))
+    return out, sorted(label_at.values())
+
+
+@pytest.mark.parametrize("module", ["argparse", "asyncio.base_events", "dataclasses", "locale",
+                                    "email._header_value_parser", "typing", "deep"])
+def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):
+    # the rewrite decodes a code object in one pass (``_decode``); what it
+    # reads must be what ``bytecode`` reads (``_flatten`` of its abstract
+    # instructions): every instruction, argument, location, exception-table
+    # entry and label (locale's module code: 1462 constants, EXTENDED_ARG)
+    import importlib.util
+
+    from bytecode import Bytecode
+
+    from daifu.cells._rewrite._analysis import _flatten
+    from daifu.cells._rewrite._core import _read_raw_args
+    from daifu.cells._rewrite._decode import decode
+
+    if module == "deep":
+        source, filename = DEEP_STACKS, "deep.py"
+    else:
+        filename = importlib.util.find_spec(module).origin
+        with open(filename, encoding="utf-8") as f:
+            source = f.read()
+    codes = list(_codes(compile(source, filename, "exec", dont_inherit=True)))
+    assert len(codes) >= 3
+    for code in codes:
+        ops, label_at = _flatten(Bytecode.from_code(code,
+                                                    conserve_exception_block_stackdepth=True))
+        _read_raw_args(code, ops)
+        ours = decode(code)
+        assert ours is not None, code.co_qualname
+        assert _decoded(*ours) == _decoded(ops, label_at), code.co_qualname

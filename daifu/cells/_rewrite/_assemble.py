@@ -180,16 +180,16 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     under the exception-table entry ``keys`` gives it -- and ``tail`` laid
     out after them (armed code: ``_core.arm``).  Its location table is the
     original's and "no location" for the tail.  None where the ops' offsets
-    are not known or a template's index would not fit its byte (``splice``
-    does it then)."""
+    are not known (``splice`` does it then)."""
     offsets = [op.offset for op in ops]
     if not ops or None in offsets:
         return None
     at = cast("list[int]", offsets)
     try:
         tables = _tables(code, const_updates, tail)
-    except _Expand:
-        return None
+    except _Expand:  # (its constants or names past a byte: the traps' own instructions)
+        tail = expand(tail)
+        tables = _tables(code, const_updates, tail)
     base = len(code.co_code) // 2  # (the tail's first code unit)
     lay = _Layout(tail, tables)
     place = {label: base + off for label, off in lay.label_off.items()}

@@ -21,6 +21,7 @@ from ._assemble import (
     expand,
     splice,
 )
+from ._decode import decode
 from ._emit import (
     _NOWHERE,
     Continuation,
@@ -85,7 +86,8 @@ class Plan:
     emitted jumps need."""
 
     code: types.CodeType
-    bc: Bytecode
+    #: ``bytecode``'s decoding of it, where that was used (a continuation)
+    bc: Bytecode | None
     ops: list[_Op]
     label_at: dict[Label, int]
     runs: list[_Run]
@@ -162,13 +164,17 @@ def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: di
         exc = Unsupported("async functions and async generators are not vaccinated yet")
         exc.kind = "async"  # (a known limitation: said aloud only for a function named)
         raise exc
-    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
-    if continuation is not None and PY.unchecked_load_fast:
-        _checked_loads(bc)
-    ops, label_at = _flatten(bc)
+    bc = None
+    decoded = decode(code) if continuation is None else None
+    if decoded is None:
+        bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+        if continuation is not None and PY.unchecked_load_fast:
+            _checked_loads(bc)
+        decoded = _flatten(bc)
+        if continuation is None:
+            _read_raw_args(code, decoded[0])
+    ops, label_at = decoded
     const_updates: dict[int, object] = {}
-    if continuation is None:
-        _read_raw_args(code, ops)
     if replace_consts:
         for op in ops:
             if op.instr.name == "LOAD_CONST" and isinstance(op.instr.arg, types.CodeType):
@@ -322,6 +328,7 @@ def emit(p: Plan, continuation: Continuation | None = None) -> list[_Item]:
     _emit_stubs(items, p.runs, p.ops, p.label_for, generator,
                 chunks=_SPLICE and continuation is None)
     if continuation is not None:
+        assert p.bc is not None  # (a continuation is decoded by ``bytecode``)
         _emit_continuation_prologue(items, p.bc, p.code, p.runs, continuation, p.label_for)
     return items
 
@@ -443,7 +450,7 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
     final_ops, final_labels = _as_ops(items)
     stacksize = max(_analyse_depths(final_ops, final_labels, track_nulls=False),
                     p.code.co_stacksize)
-    out = p.bc.copy()
+    out = p.bc.copy() if p.bc is not None else Bytecode.from_code(p.code)
     out.clear()
     out.extend(_with_try_blocks(items))
     try:
