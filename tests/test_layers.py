@@ -181,6 +181,8 @@ NOT_STATE = {
     "daifu.cells._rewrite._analysis._SHAPES": "a cache: each instruction's stack effect",
     "daifu.cells._rewrite._assemble._TEMPLATES": "a cache: each stub shape's code",
     "daifu.cells._rewrite._assemble._KINDS": "a cache: each opcode's kind",
+    "daifu.cells._rewrite._decode._ENUMS": "a constant table (the enum of each argument kind)",
+    "daifu.cells._rewrite._decode._MEMO": "a cache: each enum argument's member",
     "daifu.cells._rewrite._emit._SHARED": "a cache: daifu's own instructions, made once",
     "daifu.engine.persist._resume._library": "a cache: is a code object a library's?",
     "daifu.hooks._ipython._classes": "a cache: IPython's classes, each with daifu's subclass",

@@ -186,7 +186,7 @@ def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: di
     peak = _analyse_depths(ops, label_at)
 
     index = msrc.statements(scope)
-    stmts = [index.lookup(_location(op.instr)) if op.instr.location else None for op in ops]
+    stmts = _statements(ops, index)
     _drop_implicit_returns(ops, stmts)
     runs = _build_runs(ops, label_at, stmts)
     if not runs:
@@ -200,6 +200,22 @@ def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: di
         p.label_of.setdefault(i, label)
         p.labels_at.setdefault(i, []).append(label)
     return p
+
+
+def _statements(ops: list[_Op], index) -> list:
+    """The statement of each instruction (None: none).  Consecutive
+    instructions share their location object where they share a position
+    (``_decode``): one lookup for them."""
+    out: list = []
+    last_loc: object = None
+    stmt = None
+    for op in ops:
+        loc = op.instr.location
+        if loc is not last_loc:
+            last_loc = loc
+            stmt = index.lookup(_location(op.instr)) if loc else None
+        out.append(stmt)
+    return out
 
 
 def _read_raw_args(code: types.CodeType, ops: list[_Op]) -> None:

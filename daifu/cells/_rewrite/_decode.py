@@ -76,14 +76,21 @@ def _jump(op: int) -> int:
 
 
 #: per opcode: (name, has an argument, argument kind, jump kind, CACHE units)
-_TABLE = [(_concrete._opcode.opname[op], _instr.opcode_has_argument(op), _kind(op), _jump(op),  # noqa: SLF001
-           _CACHES[op]) for op in range(256)]
+_TABLE = tuple((_concrete._opcode.opname[op], _instr.opcode_has_argument(op), _kind(op),  # noqa: SLF001
+                _jump(op), _CACHES[op]) for op in range(256))
 _EXTENDED_ARG = _instr.EXTENDEDARG_OPCODE
 _NOP = _instr.NOP_OPCODE
 _CACHE = _instr.CACHE_OPCODE
 _UNSET = _instr.UNSET
-_ENUMS = {_INTRINSIC1: Intrinsic1Op, _INTRINSIC2: Intrinsic2Op, _BINARY: BinaryOp,
-          _COMMON: CommonConstant, _SPECIAL: SpecialMethod}
+def _compare(arg: int) -> Compare:
+    return Compare((arg >> 5) + ((1 << 4) if (arg & 16) else 0) if _PY313
+                   else (arg >> 4) if _PY312 else arg)
+
+
+_ENUMS = {_COMPARE: _compare, _INTRINSIC1: Intrinsic1Op, _INTRINSIC2: Intrinsic2Op,
+          _BINARY: BinaryOp, _COMMON: CommonConstant, _SPECIAL: SpecialMethod}
+#: (kind, argument) -> the enum member (calling an enum is slow)
+_MEMO: dict[tuple[int, int], object] = {}
 _from_trusted = Instr._from_trusted  # noqa: SLF001
 _location = InstrLocation._from_tuple  # noqa: SLF001
 
@@ -188,12 +195,12 @@ def _value(kind: int, arg: int, consts, names, locals_, cells, ncells: int, free
             cell = cells[arg]
             return cell if isinstance(cell, CellVar) else CellVar(cell)
         return FreeVar(freevars[arg - ncells])
-    if kind == _COMPARE:
-        return Compare((arg >> 5) + ((1 << 4) if (arg & 16) else 0) if _PY313
-                       else (arg >> 4) if _PY312 else arg)
     enum = _ENUMS.get(kind)
     if enum is not None:
-        return enum(arg)
+        value = _MEMO.get((kind, arg))
+        if value is None:
+            value = _MEMO[(kind, arg)] = enum(arg)
+        return value
     return (bool(arg & 1), FormatValue(arg >> 1)) if kind == _FLAG_FORMAT else FormatValue(arg)
 
 
