@@ -181,6 +181,44 @@ def test_a_function_with_more_names_than_a_byte_holds_is_armed_and_recovers():
     assert not _armed(m["total"])
 
 
+def test_a_function_raising_for_its_callers_again_and_again_gets_vaccinated_code(
+        m, monkeypatch):
+    """Each exception the program handles makes the armed raiser's trap ask
+    whether it is a crash (a Python call); after 16 the function gets its
+    vaccinated code, whose handled exceptions take the remembered routes."""
+    from daifu.engine import _barrier
+
+    monkeypatch.setattr(_barrier, "_PROFILERS", ())  # (pytest-benchmark loads cProfile)
+    fn = m["middle"]
+    info = info_of(fn.__code__)
+    for _ in range(_barrier.HANDLED_BEFORE_UPGRADE - 1):
+        assert m["handled_above"]({}, "k") == "caught above"
+    assert _armed(fn)
+    assert m["handled_above"]({}, "k") == "caught above"
+    assert fn.__code__ is info.upgraded is not None
+    assert m["handled_above"]({"k": 1}, "k") == 1
+
+
+def test_under_a_profiler_a_function_keeps_one_code_object(m):
+    """cProfile counts calls by code object: a function given its vaccinated
+    code mid-run would be counted as two functions of one name, pstats
+    keeping one of them.  Under a profiler it stays armed."""
+    import cProfile
+    import pstats
+
+    fn = m["middle"]
+
+    def run():
+        return [m["handled_above"]({}, "k") for _ in range(40)]
+
+    prof = cProfile.Profile()
+    assert prof.runcall(run) == ["caught above"] * 40
+    assert _armed(fn)
+    calls = {k[2]: v[1] for k, v in pstats.Stats(prof).stats.items()
+             if k[0] == fn.__code__.co_filename}
+    assert calls["middle"] == calls["handled_above"] == 40
+
+
 def test_a_recursive_function_recovers_in_its_innermost_frame(m):
     seen = []
 

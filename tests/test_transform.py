@@ -554,3 +554,35 @@ def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):
         ours = decode(code)
         assert ours is not None, code.co_qualname
         assert _decoded(*ours) == _decoded(ops, label_at), code.co_qualname
+
+
+def test_the_collector_is_paused_while_a_module_is_rewritten_and_left_as_it_was(monkeypatch):
+    # the rewrite allocates tens of objects per instruction: collections it
+    # triggered walked the whole module's tree (3000 statements: 3.6x slower)
+    import gc
+
+    from daifu.cells import Selection, _transform, options, vaccinate_source
+
+    seen = []
+    real = _transform.vaccinate_module
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_transform, "vaccinate_module", spy)
+    monkeypatch.setattr(options, "cache", None)
+    selection = Selection(("**",), True)
+    assert gc.isenabled()
+    vaccinate_source("x = 1\n", "collector_a.py", selection)
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(SyntaxError):  # (raised as python raises it; the collector back on)
+        vaccinate_source("x = (\n", "collector_b.py", selection)
+    assert gc.isenabled()
+    gc.disable()  # a program that turned it off: left off
+    try:
+        vaccinate_source("x = 2\n", "collector_c.py", selection)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert seen == [False, False]

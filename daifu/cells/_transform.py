@@ -9,6 +9,7 @@ rewritten is reported (warning + structured event) and left unmodified, unless
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gc
 import io
 import os
@@ -16,7 +17,7 @@ import re
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from importlib.machinery import SourceFileLoader
 from importlib.util import decode_source
@@ -373,18 +374,39 @@ def vaccinate_source(
 
     from ._source import ModuleSource  # lazy: 17.3 ms
 
-    try:
-        tree = ast.parse(source, filename)
-    except (SyntaxError, ValueError) as exc:
-        failure = exc
-    if failure is not None:
-        raise python_syntax_error(original, filename) from None
-    code = compile(tree, filename, "exec", dont_inherit=True)
-    msrc = ModuleSource(source, filename, tree)
-    new_code, report = vaccinate_module(code, msrc, selection, module)
-    if cache is not None:  # (nothing to protect, too: the next start parses nothing)
-        cache.store(source, filename, module, selection, new_code, report)
+    with _collector_paused():
+        try:
+            tree = ast.parse(source, filename)
+        except (SyntaxError, ValueError) as exc:
+            failure = exc
+        if failure is not None:
+            raise python_syntax_error(original, filename) from None
+        code = compile(tree, filename, "exec", dont_inherit=True)
+        msrc = ModuleSource(source, filename, tree)
+        new_code, report = vaccinate_module(code, msrc, selection, module)
+        if cache is not None:  # (nothing to protect, too: the next start parses nothing)
+            cache.store(source, filename, module, selection, new_code, report)
     return new_code, report
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a module is rewritten.  The
+    rewrite makes tens of objects per instruction (the tree, the decoded
+    instructions) and frees them together; each collection the allocations
+    trigger walks every object alive -- the module's tree too, in a big
+    module most of the work (3000 module-level statements: 0.98 s -> 0.27 s
+    of rewrite).  What the rewrite leaves in cycles is collected at the
+    next collection after it, as without the pause.  (Left alone where the
+    program turned the collector off itself.)"""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _decode(source: bytes) -> str:
