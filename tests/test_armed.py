@@ -219,6 +219,23 @@ def test_under_a_profiler_a_function_keeps_one_code_object(m):
     assert calls["middle"] == calls["handled_above"] == 40
 
 
+def test_an_armed_module_keeps_no_parsed_tree_and_parses_again_at_a_crash(m):
+    """A module's syntax tree is ~4 KB a statement: armed code needs it
+    only at a crash (as code from the cache, which was never parsed)."""
+    from daifu.cells import _registry
+
+    loaded = _registry.get(m["step"].__code__.co_filename)
+    assert loaded is not None and loaded._msrc is None
+
+    @daifu.on(ZeroDivisionError, where="step")
+    def fix(crash):
+        crash.vars["x"] = 5
+        return daifu.RETRY
+
+    assert m["step"]([], 0) == (2, True)
+    assert loaded._msrc is not None  # (parsed at the crash, from the text it ran)
+
+
 def test_a_recursive_function_recovers_in_its_innermost_frame(m):
     seen = []
 

@@ -276,7 +276,11 @@ def vaccinate_module(
 
     new_code = walk(code, None)
     _register(msrc.filename)
-    loaded = _registry.record(msrc.filename, module, selection, msrc.source, msrc) if record \
+    # armed code needs the parsed source again only at a crash: parsed again
+    # then, as for code from the cache (a tree is ~4 KB a statement, kept
+    # for every module a library imports)
+    kept = None if arm else msrc
+    loaded = _registry.record(msrc.filename, module, selection, msrc.source, kept) if record \
         else _registry.LoadedFile(msrc.filename, module, selection, msrc.source, msrc)
     for pending in stubs:
         pending.source = loaded

@@ -17,6 +17,7 @@ Code whose exception table or jumps do not fall on instruction boundaries
 from __future__ import annotations
 
 import types
+from itertools import islice
 
 from bytecode import Instr, Label
 from bytecode import concrete as _concrete
@@ -126,7 +127,10 @@ def decode(code: types.CodeType) -> tuple[list[_Op], dict[Label, int]] | None:
     ``offset`` set; None where that needs ``bytecode`` (see the module)."""
     raw = code.co_code
     units = len(raw) // 2
-    positions = list(code.co_positions())
+    # (read in step with the code units, not listed: a tuple per unit,
+    # caches included, was a quarter of a big module's peak memory)
+    positions = iter(code.co_positions())
+    at = 0  # the code unit ``positions`` yields next
     consts, names, varnames = code.co_consts, code.co_names, code.co_varnames
     cells = list(varnames) + [CellVar(n) for n in code.co_cellvars if n not in varnames]
     ncells = len(cells)
@@ -150,7 +154,10 @@ def decode(code: types.CodeType) -> tuple[list[_Op], dict[Label, int]] | None:
         if op == _CACHE:
             return None
         name, has_arg, kind, jump, caches = table[op]
-        pos = positions[u]  # (the instruction's own, not its prefixes')
+        if u != at:  # (its prefixes', or a previous instruction's caches)
+            next(islice(positions, u - at - 1, None))
+        pos = next(positions)  # (the instruction's own)
+        at = u + 1
         if pos != last_pos:
             loc, last_pos = _location(*pos), pos
         nxt = u + 1 + caches
