@@ -458,6 +458,17 @@ def test_module_code_with_more_constants_and_names_than_a_byte_is_retried_exactl
         (expected["middle"], expected["total"], expected["v399"])
 
 
+def _module_source(module: str) -> tuple[str, str]:
+    """A stdlib module's source and file name (``deep``: ``DEEP_STACKS``)."""
+    import importlib.util
+
+    if module == "deep":
+        return DEEP_STACKS, "deep.py"
+    filename = importlib.util.find_spec(module).origin
+    with open(filename, encoding="utf-8") as f:
+        return f.read(), filename
+
+
 def _codes(code):
     yield code
     for const in code.co_consts:
@@ -476,18 +487,12 @@ def test_spliced_stubs_are_the_code_bytecode_assembles(module, monkeypatch):
     # (argparse, compileall) and with many values on the stack below a cell
     # (deep).  splice keeps the original's variables where bytecode
     # renumbers them and drops unused ones.
-    import importlib.util
     import warnings
 
     from daifu.cells import Selection, options, vaccinate_source
     from daifu.cells._rewrite import _core
 
-    if module == "deep":
-        source, filename = DEEP_STACKS, "deep.py"
-    else:
-        filename = importlib.util.find_spec(module).origin
-        with open(filename, encoding="utf-8") as f:
-            source = f.read()
+    source, filename = _module_source(module)
     monkeypatch.setattr(options, "cache", None)
     monkeypatch.setattr(options, "strict", False)
     built = {}
@@ -531,7 +536,6 @@ def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):
     # reads must be what ``bytecode`` reads (``_flatten`` of its abstract
     # instructions): every instruction, argument, location, exception-table
     # entry and label (locale's module code: 1462 constants, EXTENDED_ARG)
-    import importlib.util
 
     from bytecode import Bytecode
 
@@ -539,12 +543,7 @@ def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):
     from daifu.cells._rewrite._core import _read_raw_args
     from daifu.cells._rewrite._decode import decode
 
-    if module == "deep":
-        source, filename = DEEP_STACKS, "deep.py"
-    else:
-        filename = importlib.util.find_spec(module).origin
-        with open(filename, encoding="utf-8") as f:
-            source = f.read()
+    source, filename = _module_source(module)
     codes = list(_codes(compile(source, filename, "exec", dont_inherit=True)))
     assert len(codes) >= 3
     for code in codes:
