@@ -16,6 +16,7 @@ Code whose exception table or jumps do not fall on instruction boundaries
 
 from __future__ import annotations
 
+import dis
 import types
 from itertools import islice
 
@@ -96,28 +97,18 @@ _from_trusted = Instr._from_trusted  # noqa: SLF001
 _location = InstrLocation._from_tuple  # noqa: SLF001
 
 
-def _entries(table: bytes) -> list[tuple[int, int, int, int, bool]] | None:
+def _entries(code: types.CodeType) -> list[tuple[int, int, int, int, bool]] | None:
     """The exception table: (start, stop, target, depth, lasti) in code
     units, ``stop`` exclusive; None unless sorted and disjoint."""
     out: list[tuple[int, int, int, int, bool]] = []
-    items: list[int] = []
-    value = 0
-    for byte in table:
-        if byte & 0x80 and value:  # (a new entry starts; the last item ended)
-            return None
-        value = value << 6 | byte & 0x3F
-        if not byte & 0x40:
-            items.append(value)
-            value = 0
-    if len(items) % 4:
-        return None
     last = 0
-    for k in range(0, len(items), 4):
-        start, length, target, dl = items[k:k + 4]
-        if length <= 0 or start < last:
+    # private (not in typeshed's dis stub), the same in 3.11 to 3.14
+    for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]  # noqa: SLF001
+        start, stop = entry.start // 2, entry.end // 2
+        if stop <= start or start < last:
             return None
-        last = start + length
-        out.append((start, last, target, dl >> 1, bool(dl & 1)))
+        last = stop
+        out.append((start, stop, entry.target // 2, entry.depth, entry.lasti))
     return out
 
 
@@ -179,7 +170,7 @@ def decode(code: types.CodeType) -> tuple[list[_Op], dict[Label, int]] | None:
         starts[start] = len(ops)
         ops.append(entry)
         u = nxt
-    return _link(ops, starts, jumps, code.co_exceptiontable, u)
+    return _link(ops, starts, jumps, code, u)
 
 
 def _value(kind: int, arg: int, consts, names, locals_, cells, ncells: int, freevars):
@@ -212,10 +203,10 @@ def _value(kind: int, arg: int, consts, names, locals_, cells, ncells: int, free
 
 
 def _link(ops: list[_Op], starts: dict[int, int], jumps: list[tuple[int, int]],
-          exceptiontable: bytes, end: int) -> tuple[list[_Op], dict[Label, int]] | None:
+          code: types.CodeType, end: int) -> tuple[list[_Op], dict[Label, int]] | None:
     """The labels (one per jump or handler target, in code order) and each
     instruction's exception-table entry."""
-    entries = _entries(exceptiontable)
+    entries = _entries(code)
     if entries is None:
         return None
     targets = {t for _, t in jumps} | {e[2] for e in entries}
