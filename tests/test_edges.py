@@ -403,6 +403,18 @@ def test_help_doctor_and_command_help_are_commands_not_scripts(tmp_path):
         assert "can't open file" not in proc.stderr
 
 
+def test_a_command_whose_reader_goes_away_ends_quietly(tmp_path):
+    # ``python -m daifu ps | head -3``: the pipe closes before the command
+    # has written everything; a shell tool stops without a traceback
+    for args in (["help"], ["doctor"], ["ps", "--help"]):
+        proc = subprocess.Popen([sys.executable, "-m", "daifu", *args], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # (before the child writes: its first flush meets EPIPE)
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 141, err
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_the_repository_tracks_no_run_outputs_and_has_its_license():
     tracked = subprocess.run(["git", "ls-files", "runs"], cwd=ROOT, capture_output=True,
                              text=True).stdout

@@ -178,6 +178,18 @@ def help_(args: list[str], print_help: Callable[[], None]) -> int:
 
 
 def run(name: str, args: list[str], print_help: Callable[[], None]) -> int:
+    try:
+        code = _run(name, args, print_help)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (``daifu ps | head``): quiet, as a shell tool
+        # is; stdout now points nowhere, so the exit's flush does not raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # (128 + SIGPIPE, what a shell reports for such a command)
+    return code
+
+
+def _run(name: str, args: list[str], print_help: Callable[[], None]) -> int:
     if _wants_help(args):
         print(USAGE[name])
         return 0
