@@ -82,7 +82,7 @@ def torchrun(args, cwd, extra_env=None, nproc: int = 2):
 
 def reference(cwd, nproc: int = 2):
     """The uninterrupted run of the corrected program (no daifu in it), run
-    again (twice at most) if gloo aborted a rank: torch 2.13's gloo sometimes
+    again (four times at most) if gloo aborted a rank: torch 2.13's gloo sometimes
     ends a rank with std::terminate ("terminate called without an active
     exception", SIGABRT) under load, with or without daifu -- the crash
     benchmark's reference runs do the same.  Runs under daifu are never
@@ -91,10 +91,11 @@ def reference(cwd, nproc: int = 2):
 
 
 def plain_torchrun(args, cwd, nproc: int = 2):
-    """A run without daifu in it, run again (twice at most) if gloo aborted
-    a rank (``reference``)."""
+    """A run without daifu in it, run again (four times at most) if gloo
+    aborted a rank (``reference``; a CI run met three aborts in a row of the
+    four-rank reference while the 3.13 suite ran beside it)."""
     run = torchrun(args, cwd, nproc=nproc)
-    for _ in range(2):
+    for _ in range(4):
         if run.returncode == 0 or "SIGABRT" not in run.stderr and "exitcode: -6" not in run.stderr:
             break
         run = torchrun(args, cwd, nproc=nproc)
