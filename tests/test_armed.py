@@ -325,6 +325,55 @@ def test_recovered_by_the_runner_first_start_and_from_the_code_cache(tmp_path):
     assert _run(tmp_path, env={"DAIFU_ARM": "1"}) == first
 
 
+WARMED = """
+import time
+from daifu.cells._rewrite import _assemble
+from daifu.engine import _preload
+
+def work(rows):
+    total = 0
+    for row in rows:
+        total += 10 // row
+    return total
+
+end = time.monotonic() + 30
+while not _preload._state.done.is_set() and time.monotonic() < end:
+    pass  # (the preload runs on this thread, between two instructions)
+print(len(_assemble._TEMPLATES) > 0, flush=True)
+BEFORE = len(_assemble._TEMPLATES)
+print(work([1, 0, 5]))
+"""
+
+WARMED_FIX = """
+import daifu
+from daifu.cells import code_infos
+from daifu.cells._rewrite import _assemble
+
+@daifu.on(ZeroDivisionError)
+def fix(crash):
+    import __main__
+    # the armed function was rewritten in full: with no template of its own
+    print(len(_assemble._TEMPLATES) - __main__.BEFORE,
+          sorted({i.filename for i in code_infos()} - {__main__.__file__}))
+    crash.vars["row"] = 2
+    return daifu.RETRY
+"""
+
+
+def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp_path):
+    # armed code's first crash rewrites its function in full; the first
+    # rewrite of a process built the stubs' templates then (~2 ms at the
+    # crash): the preload rewrites a sample once instead, and forgets it
+    (tmp_path / "prog.py").write_text(WARMED)
+    (tmp_path / "fix.py").write_text(WARMED_FIX)
+    out = subprocess.run([sys.executable, "-m", "daifu", "--fixes", "fix.py", "prog.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DAIFU_PRELOAD": "0.05", "DAIFU_CONSOLE": "0",
+                              "DAIFU_CACHE": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["True", "0 []", "17"]
+
+
 def test_armed_code_keeps_its_signature_and_lines(m):
     fn = m["step"]
     original = info_of(fn.__code__).original

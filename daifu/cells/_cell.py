@@ -275,6 +275,11 @@ _TOKEN = os.urandom(4).hex()
 _SERIAL = itertools.count()
 
 
+def discard(info: CodeInfo) -> None:
+    """Forget ``info`` (a throwaway rewrite's, ``_rewrite._core.warm``)."""
+    _INFOS.pop(info.key, None)
+
+
 def code_infos() -> list[CodeInfo]:
     """Every vaccinated code object's info this process knows (a snapshot)."""
     return list(_INFOS.values())

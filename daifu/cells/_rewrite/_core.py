@@ -9,7 +9,7 @@ from typing import cast
 from bytecode import Bytecode, Instr, Label
 
 from ..._record import field, record
-from .._cell import ARMED_MARK, P_UPGRADE, Cell, CodeInfo, WithGuard, own_test
+from .._cell import ARMED_MARK, P_UPGRADE, Cell, CodeInfo, WithGuard, discard, own_test
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
 from ._assemble import (
@@ -477,3 +477,35 @@ def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
                            compute_exception_stack_depths=False, compute_jumps_passes=200)
     except Exception as exc:  # bytecode refused what we built: a daifu bug
         raise Unsupported(f"bytecode assembly failed: {exc}") from exc
+
+
+#: what ``warm`` rewrites: loops one and two deep (the stubs' templates of
+#: the base depths most cells have), a handler, a ``with`` block
+_SAMPLE = """\
+def sample(rows, out, lock):
+    for row in rows:
+        for value in row:
+            try:
+                with lock:
+                    out.append(value[0])
+            except KeyError:
+                continue
+    return out
+"""
+
+
+def warm() -> None:
+    """Rewrite a sample function once and forget it: what the first rewrite
+    of a process builds (the stubs' templates, the records' ``__init__``)
+    is built now.  Armed code's first crash rewrites its function in full;
+    without this it would pay ~2 ms more than later ones
+    (``engine._preload``)."""
+    filename = "<daifu: the rewrite warmed>"
+    msrc = ModuleSource(_SAMPLE, filename)
+    module = compile(_SAMPLE, filename, "exec")
+    code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    info = CodeInfo(code.co_qualname, filename, code.co_firstlineno, None, original=code)
+    try:
+        rewrite(code, info, msrc, msrc.scope_for(code))
+    finally:
+        discard(info)
