@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -326,7 +327,8 @@ def test_recovered_by_the_runner_first_start_and_from_the_code_cache(tmp_path):
 
 
 WARMED = """
-import time
+import sys, time
+from daifu.cells._cell import info_of
 from daifu.cells._rewrite import _assemble
 from daifu.engine import _preload
 
@@ -336,12 +338,18 @@ def work(rows):
         total += 10 // row
     return total
 
-end = time.monotonic() + 30
-while not _preload._state.done.is_set() and time.monotonic() < end:
-    pass  # (the preload runs on this thread, between two instructions)
-print(len(_assemble._TEMPLATES) > 0, flush=True)
-BEFORE = len(_assemble._TEMPLATES)
-print(work([1, 0, 5]))
+def main():
+    global BEFORE
+    end = time.monotonic() + 30
+    while not _preload._state.done.is_set() and time.monotonic() < end:
+        pass  # (the preload runs on this thread, between two instructions)
+    BEFORE = len(_assemble._TEMPLATES)
+    # main (running) was made vaccinated code ahead of a crash; work was not
+    print(info_of(sys._getframe().f_code).upgraded is not None,
+          info_of(work.__code__).upgraded is not None, flush=True)
+    print(work([1, 0, 5]))
+
+main()
 """
 
 WARMED_FIX = """
@@ -363,7 +371,8 @@ def fix(crash):
 def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp_path):
     # armed code's first crash rewrites its function in full; the first
     # rewrite of a process built the stubs' templates then (~2 ms at the
-    # crash): the preload rewrites a sample once instead, and forgets it
+    # crash): the preload rewrites a sample once instead, and forgets it;
+    # and it makes the vaccinated code of the armed functions running then
     (tmp_path / "prog.py").write_text(WARMED)
     (tmp_path / "fix.py").write_text(WARMED_FIX)
     out = subprocess.run([sys.executable, "-m", "daifu", "--fixes", "fix.py", "prog.py"],
@@ -371,7 +380,35 @@ def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp
                          env={**os.environ, "DAIFU_PRELOAD": "0.05", "DAIFU_CONSOLE": "0",
                               "DAIFU_CACHE": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == ["True", "0 []", "17"]
+    assert out.stdout.splitlines() == ["True False", "0 []", "17"]
+
+
+def test_code_made_ahead_of_a_crash_that_cannot_be_made_warns_only_at_a_crash(m, monkeypatch):
+    # the preload makes the vaccinated code of the functions running then;
+    # one that cannot be made must not warn there (it may never fail), nor
+    # be given up: the crash tries again and says why
+    from daifu.cells import _armed, complete_running
+
+    code = m["step"].__code__
+    info = info_of(code)
+    calls = []
+
+    def refuse(info, armed):
+        calls.append(info.qualname)
+        raise _armed.backend()[0].Unsupported("not today")
+
+    monkeypatch.setattr(_armed, "_rewrite", refuse)
+    frame = types.SimpleNamespace(f_code=code, f_back=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a warning would raise here)
+        complete_running(frame)
+    assert calls == ["step"] and info.upgraded is None and info.refused is None
+    with pytest.warns(daifu.NotVaccinatedWarning, match="not today"):
+        assert _armed.complete(info, code) is None
+    assert calls == ["step", "step"] and info.refused == "not today"
+    monkeypatch.undo()
+    complete_running(frame)  # (given up at the crash: not tried again)
+    assert info.upgraded is None
 
 
 def test_armed_code_keeps_its_signature_and_lines(m):

@@ -8,7 +8,7 @@ use of its names, not at start-up.
 from __future__ import annotations
 
 from .._firstuse import first_use
-from ._armed import armed_guards, handlers_code, trap_of, upgrade
+from ._armed import armed_guards, complete_running, handlers_code, trap_of, upgrade
 from ._backend import Backend
 from ._cache import CodeCache, default_directory
 from ._cell import _INFOS as INFOS
@@ -127,6 +127,7 @@ __all__ = [
     "source_for_file",
     "target_files",
     "armed_guards",
+    "complete_running",
     "handlers_code",
     "trap_of",
     "upgrade",

@@ -64,10 +64,11 @@ class _Armed:
 _state = RUNTIME.part(__name__, _Armed())
 
 
-def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
+def complete(info: CodeInfo, armed: types.CodeType, ahead: bool = False) -> types.CodeType | None:
     """The vaccinated code of ``armed`` (``info``'s): made once, its cells in
     ``info``; None (with a warning, once) if it cannot be made -- the armed
-    code then runs as the original would."""
+    code then runs as the original would.  ``ahead`` (of any exception:
+    ``complete_running``): no warning, and the next call tries again."""
     with _state.lock:
         if info.upgraded is not None:
             return info.upgraded
@@ -83,6 +84,8 @@ def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
             new, reason = None, str(exc) or type(exc).__name__
         if new is None:
             info.cells.clear()
+            if ahead:  # (a function that may never fail: said if one does)
+                return None
             info.refused = reason or "its source code is not available"
             try:
                 warnings.warn(f"daifu: {info.qualname} ({info.filename}:{info.firstlineno}) "
@@ -94,6 +97,31 @@ def complete(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
         assert back is not None  # (``_rewrite`` made code: there is a backend)
         info.upgraded, info.ranges, info.armed_end = new, None, back.armed_end(armed)
         return new
+
+
+#: the largest armed code (bytes of instructions) ``complete_running`` makes
+#: vaccinated ahead of a crash (a module of thousands of statements: at the
+#: crash, as before)
+AHEAD_MAX_BYTES = 8192
+
+
+def complete_running(frame: types.FrameType | None) -> None:
+    """Make now the vaccinated code of the armed functions running at
+    ``frame`` and below it (the loop and its callers: what a crash passes
+    through, whose cells the engine asks for) -- what ``cells_of`` makes at
+    a crash, ahead of it (``engine._preload``).  No frame is moved: the
+    first crash in one moves it (``upgrade``) without a rewrite.  Never
+    raises."""
+    while frame is not None:
+        code = frame.f_code
+        try:
+            info = info_of(code)
+            if info is not None and info.armed and info.upgraded is None \
+                    and info.refused is None and len(code.co_code) <= AHEAD_MAX_BYTES:
+                complete(info, code, ahead=True)
+        except Exception:  # (the crash makes it, or says why it cannot)
+            pass
+        frame = frame.f_back
 
 
 def _rewrite(info: CodeInfo, armed: types.CodeType) -> types.CodeType | None:
