@@ -65,6 +65,7 @@ def load_rewrite() -> None:
     rewrites armed code in full -- does not wait for either
     (``engine._preload``)."""
     from ._rewrite import _core  # lazy: 59.3 ms
+    from ._rewrite import swap_code  # noqa: F401  # (frame access, ctypes: what an upgrade uses)
 
     _core.warm()
 

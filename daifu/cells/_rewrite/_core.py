@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import types
 from typing import cast
 
@@ -68,15 +67,10 @@ PYTHON = PY.python
 #: compare the two)
 _SPLICE = True
 
-# frame access: one module per frame-layout family (``_versions``)
-_frames = importlib.import_module(f"daifu.cells.{PY.frames}")
-called_from_c, read_locals = _frames.called_from_c, _frames.read_locals
-running_function, write_locals = _frames.running_function, _frames.write_locals
-
-__all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "called_from_c",
-           "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
-           "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
-           "write_locals"]
+# (frame access, ctypes, is the package's: imported at the first crash)
+__all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "c_passes_through",
+           "cell_ranges", "chain_for_code", "effects", "has_except_handler", "lasti_offset",
+           "returns_truthy", "rewrite"]
 
 
 @record
