@@ -157,6 +157,48 @@ PROGRAMS = {
         code = marshal.loads(marshal.dumps(k.__code__))
         print(types.FunctionType(code, globals())(2))
     ''',
+    # a sys.monitoring tool answering DISABLE to an exception event (which
+    # CPython refuses: ValueError, callback removed) sees the program's own
+    # events only: daifu's reading of exception tables, on the path of an
+    # exception the program handles, raises nothing it could see
+    "monitoring_exception_events": '''
+        import sys
+        if not hasattr(sys, "monitoring"):  # (3.12+)
+            print("no sys.monitoring")
+            raise SystemExit
+        E = sys.monitoring.events
+        seen = []
+
+        def disable(code, *args):
+            seen.append(code.co_name)
+            return sys.monitoring.DISABLE
+
+        def raise_handle_reraise():
+            try:
+                1/0
+            except:
+                raise
+
+        def handled():
+            try:
+                {}["k"]
+            except KeyError:
+                return 1
+
+        sys.monitoring.use_tool_id(2, "test")
+        for event in (E.RAISE, E.PY_UNWIND, E.EXCEPTION_HANDLED):
+            sys.monitoring.register_callback(2, event, disable)
+            sys.monitoring.set_events(2, event)
+            try:
+                handled()
+                raise_handle_reraise()
+            except Exception as exc:
+                print(event, type(exc).__name__)
+            finally:
+                sys.monitoring.set_events(2, 0)
+                sys.monitoring.register_callback(2, event, None)
+        print(seen)
+    ''',
 }
 
 

@@ -529,6 +529,49 @@ def _decoded(ops, label_at):
     return out, sorted(label_at.values())
 
 
+def test_exception_tables_are_read_as_dis_reads_them_without_raising():
+    # dis's reader ends on a StopIteration that a sys.monitoring tool sees
+    # (daifu reads tables on the path of exceptions the program handles)
+    from types import CodeType
+
+    from daifu.cells._exctable import exception_entries
+
+    codes = []
+    for name in ("json.decoder", "argparse", "asyncio.base_events", "contextlib"):
+        source, filename = _module_source(name)
+        pending = [compile(source, filename, "exec")]
+        while pending:
+            code = pending.pop()
+            codes.append(code)
+            pending += [c for c in code.co_consts if isinstance(c, CodeType)]
+    with_tables = [c for c in codes if c.co_exceptiontable]
+    assert len(with_tables) > 40
+    for code in codes:
+        assert [tuple(e) for e in exception_entries(code)] == \
+            [tuple(e) for e in dis._parse_exception_table(code)], code.co_qualname
+    # a table cut inside its last entry: that entry left out, as dis does
+    code = max(with_tables, key=lambda c: len(c.co_exceptiontable))
+    cut = code.replace(co_exceptiontable=code.co_exceptiontable[:-1])
+    assert [tuple(e) for e in exception_entries(cut)] == \
+        [tuple(e) for e in dis._parse_exception_table(cut)]
+
+    def raised(read) -> list:
+        seen: list = []
+
+        def tracer(frame, event, arg):
+            if event == "exception":
+                seen.append(arg[0].__name__)
+            return tracer
+        sys.settrace(tracer)
+        try:
+            read(code)
+        finally:
+            sys.settrace(None)
+        return seen
+
+    assert raised(dis._parse_exception_table) and raised(exception_entries) == []
+
+
 @pytest.mark.parametrize("module", ["argparse", "asyncio.base_events", "dataclasses", "locale",
                                     "email._header_value_parser", "typing", "deep"])
 def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):

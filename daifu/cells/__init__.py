@@ -64,8 +64,8 @@ def load_rewrite() -> None:
     and run it once (``_core.warm``), so that the first crash -- which
     rewrites armed code in full -- does not wait for either
     (``engine._preload``)."""
-    from ._rewrite import _core  # lazy: 59.3 ms
-    from ._rewrite import swap_code  # noqa: F401  # (frame access, ctypes: what an upgrade uses)
+    # (and frame access, ctypes: what an upgrade uses)
+    from ._rewrite import _core, swap_code  # noqa: F401  # lazy: 59.3 ms
 
     _core.warm()
 
@@ -107,6 +107,7 @@ __all__ = [
     "code_infos",
     "code_pairs",
     "contains",
+    "exception_entries",
     "default_directory",
     "files",
     "forget",
@@ -144,10 +145,12 @@ __all__ = [
 _LAZY = {name: (module, name) for name, module in (
     ("ModuleSource", "_source"), ("contains", "_source"), ("entry_role", "_source"),
     ("map_statement", "_source"), ("source_for_file", "_source"),
-    ("trace_original", "_dynamo"), ("set_const", "_consts"))}
+    ("trace_original", "_dynamo"), ("set_const", "_consts"),
+    ("exception_entries", "_exctable"))}
 if TYPE_CHECKING:
     from ._consts import set_const
     from ._dynamo import trace_original
+    from ._exctable import exception_entries
     from ._source import ModuleSource, contains, entry_role, map_statement, source_for_file
 
 

@@ -16,7 +16,6 @@ Code whose exception table or jumps do not fall on instruction boundaries
 
 from __future__ import annotations
 
-import dis
 import types
 from itertools import islice
 
@@ -36,6 +35,7 @@ from bytecode.instr import (
     SpecialMethod,
 )
 
+from .._exctable import exception_entries
 from ._ops import PY, _Op
 from ._readback import _CACHES
 
@@ -102,8 +102,7 @@ def _entries(code: types.CodeType) -> list[tuple[int, int, int, int, bool]] | No
     units, ``stop`` exclusive; None unless sorted and disjoint."""
     out: list[tuple[int, int, int, int, bool]] = []
     last = 0
-    # private (not in typeshed's dis stub), the same in 3.11 to 3.14
-    for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]  # noqa: SLF001
+    for entry in exception_entries(code):
         start, stop = entry.start // 2, entry.end // 2
         if stop <= start or start < last:
             return None

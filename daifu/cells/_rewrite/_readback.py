@@ -9,6 +9,7 @@ import dis
 import types
 
 from .._cell import ARMED_MARK, Cell, is_cell_ref, resolve
+from .._exctable import exception_entries
 
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
@@ -37,8 +38,7 @@ def cell_ranges(code: types.CodeType) -> list[tuple[int, int, Cell, bool]]:
     retry copy (appended)."""
     raw, consts = code.co_code, code.co_consts
     found: list[tuple[int, int, Cell]] = []
-    # private (not in typeshed's dis stub), the same in 3.11 to 3.14
-    entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]  # noqa: SLF001
+    entries = exception_entries(code)
     for entry in entries:
         offset, ext = entry.target, 0
         while offset + 1 < len(raw) and raw[offset] == _EXTENDED_ARG:
@@ -73,7 +73,7 @@ def _decode(raw: bytes, offset: int) -> tuple[int, int, int]:
 
 
 def _entry_at(code: types.CodeType, offset: int):
-    for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]  # noqa: SLF001
+    for entry in exception_entries(code):
         if entry.start <= offset < entry.end:
             return entry
     return None
@@ -135,7 +135,7 @@ def armed_end(armed: types.CodeType) -> int:
     at the same offsets; 0 if it has no trap."""
     raw, consts = armed.co_code, armed.co_consts
     traps = []
-    for entry in dis._parse_exception_table(armed):  # type: ignore[attr-defined]  # noqa: SLF001
+    for entry in exception_entries(armed):
         op, arg, _ = _decode(raw, entry.target)
         const = consts[arg] if op == _LOAD_CONST and arg < len(consts) else None
         if entry.lasti and type(const) is tuple and len(const) == 3 and const[0] == ARMED_MARK:
