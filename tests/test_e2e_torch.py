@@ -38,7 +38,10 @@ def corrected_demo(tmp: Path) -> Path:
     return fixed
 
 
-def test_demo_crash_in_epoch_2_recovered_bit_identical(tmp_path):
+@pytest.mark.parametrize("how", [[], ["--no-arm"]], ids=["armed", "rewritten-at-import"])
+def test_demo_crash_in_epoch_2_recovered_bit_identical(tmp_path, how):
+    # (armed, the default: each function rewritten in full at its first crash;
+    # --no-arm: every function rewritten at import)
     # uninterrupted run of the corrected program (checkpoint directory exists)
     ref_dir = tmp_path / "ref"
     (ref_dir / "ckpt").mkdir(parents=True)
@@ -50,7 +53,7 @@ def test_demo_crash_in_epoch_2_recovered_bit_identical(tmp_path):
     live_dir = tmp_path / "live"
     live_dir.mkdir()
     log = tmp_path / "events.jsonl"
-    live = run(["-m", "daifu", "--fixes", str(DEMO / "fixes.py"), "--log", str(log),
+    live = run(["-m", "daifu", *how, "--fixes", str(DEMO / "fixes.py"), "--log", str(log),
                 str(DEMO / "train.py"), "--ckpt-dir", "ckpt", "--out", "final.pt"], cwd=live_dir)
     assert live.returncode == 0, live.stderr
     assert "[fix] replaced predict()" in live.stdout

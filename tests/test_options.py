@@ -44,11 +44,11 @@ def sample(opt) -> str:
     return SAMPLES[opt.metavar]
 
 
-def configured(argv: list[str]):
+def configured(argv: list[str], env: dict[str, str] | None = None):
     """(settings, script, module, args) of ``python -m daifu ARGV`` with no
-    ``DAIFU_*`` variable set."""
+    ``DAIFU_*`` variable set (or ``env``'s)."""
     options, script, module, args = _split_argv(argv)
-    cfg = Config.from_env({})
+    cfg = Config.from_env(env or {})
     if options:
         cfg.override(_parser().parse_args(options))
     cfg.validate()
@@ -93,8 +93,15 @@ def test_a_flag_takes_no_value(opt):
     got, script, _, args = configured([flag, "train.py", flag])
     assert (script, args) == ("train.py", [flag])
     if opt.field is not None:
-        assert got[opt.field] == opt.const and got != configured(["train.py"])[0]
+        assert got[opt.field] == opt.const
         assert all(got[name] == value for name, value in opt.also)
+        if got == configured(["train.py"])[0]:
+            # a flag that says what the default is (--arm, since arming is
+            # the default) still overrides its variable's other value
+            assert opt.env is not None and isinstance(opt.const, bool)
+            env = {opt.env: "0" if opt.const else "1"}
+            assert configured(["train.py"], env)[0][opt.field] != opt.const
+            assert configured([flag, "train.py"], env)[0] == got
 
 
 @pytest.mark.parametrize("argv, dump, script", [

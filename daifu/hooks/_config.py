@@ -287,9 +287,12 @@ OPTIONS: tuple[Option, ...] = (
            parse=str.lower, export=lambda cfg: cfg.log_format),
     Option(("--arm",), "arm each function at import (its own instructions and a trap per "
            "group of statements) and rewrite it in full, in its running frame, at its first "
-           "exception: a faster first start (by default every function is rewritten at import)",
+           "crash (the default)",
            env="DAIFU_ARM", env_value="1", field="armed", const=True, parse=_switch,
-           expects=_ON_OFF),
+           expects=_ON_OFF, export=lambda cfg: "1" if cfg.armed else "0"),
+    Option(("--no-arm",), "rewrite every vaccinated function in full at import instead of "
+           "arming it (a slower first start; what daifu did before arming)",
+           env="DAIFU_ARM", env_value="0", field="armed", const=False),
     Option(("--strict",), "fail if a selected function cannot be vaccinated",
            env="DAIFU_STRICT", env_value="1", field="strict", const=True, parse=_switch,
            expects=_ON_OFF),
@@ -386,8 +389,8 @@ class Config:
     lazy: bool = True
     #: what ``lazy`` vaccinates is rewritten at import (not at first call)
     eager: bool = True
-    #: armed at import, rewritten in full at the first exception (``cells._armed``)
-    armed: bool = False
+    #: armed at import, rewritten in full at the first crash (``cells._armed``)
+    armed: bool = True
     fixes: tuple[str, ...] = ()
     max_attempts: int = 5
     log: str | None = None
