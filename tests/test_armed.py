@@ -383,6 +383,21 @@ def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp
     assert out.stdout.splitlines() == ["True False", "0 []", "17"]
 
 
+def test_the_rewrites_warm_up_never_raises_and_keeps_nothing(monkeypatch):
+    # (the preload goes on after it: the imports a crash needs, the running
+    # functions' vaccinated code)
+    from daifu.cells import code_infos
+    from daifu.cells._rewrite import _core
+
+    def broken(*args, **kwargs):
+        raise _core.Unsupported("not on this version")
+
+    for rewrite in (_core.rewrite, broken):
+        monkeypatch.setattr(_core, "rewrite", rewrite)
+        _core.warm()
+        assert not [i for i in code_infos() if i.filename.startswith("<daifu")]
+
+
 def test_code_made_ahead_of_a_crash_that_cannot_be_made_warns_only_at_a_crash(m, monkeypatch):
     # the preload makes the vaccinated code of the functions running then;
     # one that cannot be made must not warn there (it may never fail), nor
