@@ -373,11 +373,12 @@ def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp
     # rewrite of a process built the stubs' templates then (~2 ms at the
     # crash): the preload rewrites a sample once instead, and forgets it;
     # and it makes the vaccinated code of the armed functions running then
+    # (1 s after start-up: main is running by then, on a loaded machine too)
     (tmp_path / "prog.py").write_text(WARMED)
     (tmp_path / "fix.py").write_text(WARMED_FIX)
     out = subprocess.run([sys.executable, "-m", "daifu", "--fixes", "fix.py", "prog.py"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "DAIFU_PRELOAD": "0.05", "DAIFU_CONSOLE": "0",
+                         env={**os.environ, "DAIFU_PRELOAD": "1", "DAIFU_CONSOLE": "0",
                               "DAIFU_CACHE": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == ["True False", "0 []", "17"]
