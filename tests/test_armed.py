@@ -384,6 +384,38 @@ def test_the_preload_makes_what_an_armed_functions_first_crash_rewrites_with(tmp
     assert out.stdout.splitlines() == ["True False", "0 []", "17"]
 
 
+PROFILED = """
+import cProfile, pstats, time
+from daifu.engine import _preload
+
+def main():
+    end = time.monotonic() + 30
+    while not _preload._state.done.is_set() and time.monotonic() < end:
+        pass
+
+profile = cProfile.Profile()
+profile.runcall(main)
+print(sorted({f[0].rsplit("daifu/", 1)[-1] for f in pstats.Stats(profile).stats
+              if "/daifu/cells/" in f[0]}))
+"""
+
+
+def test_under_a_profiler_the_preload_rewrites_nothing_ahead(tmp_path):
+    # (3.12+: cProfile is a sys.monitoring tool, which sees daifu's Python
+    # run by the preload; the warm-up and the running functions' vaccinated
+    # code are left to the first crash then)
+    (tmp_path / "prog.py").write_text(PROFILED)
+    out = subprocess.run([sys.executable, "-m", "daifu", "prog.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DAIFU_PRELOAD": "0.2", "DAIFU_CONSOLE": "0",
+                              "DAIFU_CACHE": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = out.stdout.strip()  # (the imports it runs are seen, as documented)
+    for rewrite in ("_rewrite/_core.py", "_rewrite/_emit.py", "_rewrite/_assemble.py",
+                    "_armed.py"):
+        assert rewrite not in seen, seen
+
+
 def test_the_rewrites_warm_up_never_raises_and_keeps_nothing(monkeypatch):
     # (the preload goes on after it: the imports a crash needs, the running
     # functions' vaccinated code)

@@ -59,15 +59,16 @@ TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
     from typing import Any
 
-def load_rewrite() -> None:
+def load_rewrite(warm: bool = True) -> None:
     """Import the rewrite now (what vaccinating the first function imports)
-    and run it once (``_core.warm``), so that the first crash -- which
-    rewrites armed code in full -- does not wait for either
+    and, with ``warm``, run it once (``_core.warm``), so that the first
+    crash -- which rewrites armed code in full -- does not wait for either
     (``engine._preload``)."""
     # (and frame access, ctypes: what an upgrade uses)
     from ._rewrite import _core, swap_code  # noqa: F401  # lazy: 59.3 ms
 
-    _core.warm()
+    if warm:
+        _core.warm()
 
 
 __all__ = [

@@ -190,7 +190,7 @@ def _handled_again(frame: types.FrameType, mark: tuple, lasti: int) -> None:
     if info is None:
         return
     info.handled += 1
-    if info.handled == HANDLED_BEFORE_UPGRADE and not _profiled():
+    if info.handled == HANDLED_BEFORE_UPGRADE and not profiled():
         try:
             upgrade(frame, mark, lasti, None)  # (the function's next calls; not this frame)
         except Exception:
@@ -201,13 +201,14 @@ def _handled_again(frame: types.FrameType, mark: tuple, lasti: int) -> None:
 _PROFILERS = ("_lsprof", "profile", "yappi")
 
 
-def _profiled() -> bool:
+def profiled() -> bool:
     """A profiler may be watching: one is set (``sys.setprofile``; 3.12+:
     cProfile is a ``sys.monitoring`` tool), or a profiler's module is loaded
     (on 3.11 the trap has switched the profiler off while daifu runs).  It
     counts calls by code object: a function given its vaccinated code
     mid-run would be two functions of one name, the later replacing the
-    earlier in ``pstats``.  The function stays armed."""
+    earlier in ``pstats`` (the function stays armed); and on 3.12+ it sees
+    daifu's Python (the preload does no rewrite ahead then)."""
     if sys.getprofile() is not None or any(name in sys.modules for name in _PROFILERS):
         return True
     monitoring = getattr(sys, "monitoring", None)

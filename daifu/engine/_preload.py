@@ -43,6 +43,7 @@ from .._record import field, prepare
 from .._runtime import RUNTIME, state_record
 from ..cells import complete_running, load_rewrite
 from . import _decision, _engine, _queue, _repeats, _rules, _signals
+from ._barrier import profiled
 from ._events import warm
 
 #: seconds after daifu is installed
@@ -69,13 +70,16 @@ _state = RUNTIME.part(__name__, _Preload())
 
 def _imports(below=None) -> None:
     """The imports; then the armed functions running on the stack at
-    ``below`` (the program's frame) are made vaccinated code."""
+    ``below`` (the program's frame) are made vaccinated code, unless a
+    profiler watches (3.12+'s sees daifu's Python: the first crash does that
+    work then, as it did before the preload did it)."""
     try:
-
+        ahead = not profiled()
         # the bytecode readers the search for a handler uses (and, with
         # them, ``bytecode``): a program whose modules came from the code
-        # cache has not imported them (~9 ms at the crash)
-        load_rewrite()
+        # cache has not imported them (~9 ms at the crash); the rewrite run
+        # once, warm
+        load_rewrite(warm=ahead)
 
         warm()
         # the records the engine makes at a crash (a decision, what applying
@@ -86,7 +90,7 @@ def _imports(below=None) -> None:
         # the training loop and its callers, armed (``cells._armed``): a
         # crash passes through them and the engine asks for their cells --
         # made now, not between the raise and the rule (~1.5 ms each)
-        if below is not None:
+        if below is not None and ahead:
             complete_running(below)
     except BaseException:  # never into the program: the crash imports them itself
         pass
