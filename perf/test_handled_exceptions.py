@@ -31,18 +31,20 @@ def test_exception_caught_by_its_own_function():
 
 def _python_barrier():
     """Make the stubs call the Python barrier (what runs where daifu's C
-    extension is not built); returns the function that puts back the one
-    they called (None: that one is the Python barrier already)."""
-    from daifu.cells._cell import P_BARRIER
+    extension is not built: no quick check first); returns the function that
+    puts back the ones they called (None: that one is the Python barrier
+    already)."""
+    from daifu.cells._cell import P_BARRIER, P_QUICK
     from daifu.engine import _barrier
 
-    shipped = _barrier.passing[P_BARRIER]
-    if shipped is _barrier.barrier:
+    shipped = _barrier.passing[P_BARRIER], _barrier.passing[P_QUICK]
+    if shipped[0] is _barrier.barrier:
         return None
     _barrier.passing[P_BARRIER] = _barrier.barrier
+    _barrier.passing[P_QUICK] = _barrier.NO_QUICK_CHECK.__call__
 
     def restore():
-        _barrier.passing[P_BARRIER] = shipped
+        _barrier.passing[P_BARRIER], _barrier.passing[P_QUICK] = shipped
     return restore
 
 

@@ -36,7 +36,7 @@ def barrier_calls(request, monkeypatch):
     and, for the Python barrier, also those of every barrier call, as
     ``(mode, judged, called)``."""
     from daifu.cells import RAISE_CODE
-    from daifu.cells._cell import P_BARRIER
+    from daifu.cells._cell import P_BARRIER, P_QUICK
     from daifu.engine import _barrier, _fastpath
 
     judged: list[str] = []
@@ -47,13 +47,14 @@ def barrier_calls(request, monkeypatch):
         judged.append(frame.f_code.co_name)
         return real(exc, ref, lasti, stack, frame)
 
-    entry = _fastpath.passing[P_BARRIER]
+    entry, quick = _fastpath.passing[P_BARRIER], _fastpath.passing[P_QUICK]
     if request.param == "c":
         routes = speedups()
-        _fastpath.passing[P_BARRIER] = routes.install(_fastpath.ROUTES, _fastpath.passing,
-                                                      judge, RAISE_CODE)
+        c_barrier, c_quick = routes.install(_fastpath.ROUTES, _fastpath.passing, judge, RAISE_CODE)
+        _fastpath.passing[P_BARRIER], _fastpath.passing[P_QUICK] = c_barrier, c_quick.__call__
     else:
         _fastpath.passing[P_BARRIER] = _barrier.barrier
+        _fastpath.passing[P_QUICK] = _barrier.NO_QUICK_CHECK.__call__
         monkeypatch.setattr(_barrier, "judge", judge)
         monkeypatch.setattr(_barrier, "_getframe", lambda depth: called.append(
             sys._getframe(depth + 1).f_code.co_name) or sys._getframe(depth + 1))
@@ -62,7 +63,7 @@ def barrier_calls(request, monkeypatch):
     finally:
         if request.param == "c":
             routes.install(_fastpath.ROUTES, _fastpath.passing, real, RAISE_CODE)
-        _fastpath.passing[P_BARRIER] = entry
+        _fastpath.passing[P_BARRIER], _fastpath.passing[P_QUICK] = entry, quick
 
 
 def speedups():

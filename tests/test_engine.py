@@ -369,6 +369,31 @@ def test_an_exception_the_program_catches_is_judged_once_not_at_every_frame(
     assert _barrier.passing[:2] == [None, None]
 
 
+def test_a_remembered_route_is_checked_before_tracing_is_suspended(barrier_calls):
+    # each stub that calls its barrier first calls the quick check
+    # (``passing[P_QUICK]``): with daifu's C extension, an exception taking
+    # its remembered route is let go there, and the stub neither suspends
+    # tracing (``sys.getprofile``/``gettrace`` read, the profiler switched
+    # off) nor calls the barrier; without it, the Python barrier checks the
+    # route after the suspension
+    import sys
+
+    from daifu.cells._cell import P_GETPROFILE
+    from daifu.engine import _barrier
+
+    mode, judged, _called = barrier_calls
+    suspended = []
+    shipped = _barrier.passing[P_GETPROFILE]
+    _barrier.passing[P_GETPROFILE] = lambda: suspended.append(1) or sys.getprofile()
+    try:
+        ns = vaccinate(EAFP, entries=("lookup", "via", "loop"))
+        assert ns["loop"](10) == 10
+    finally:
+        _barrier.passing[P_GETPROFILE] = shipped
+    assert judged == ["lookup"]
+    assert len(suspended) == (1 if mode == "c" else 10)
+
+
 ROUTES = '''
 Missing = KeyError
 

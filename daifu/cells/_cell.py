@@ -133,8 +133,10 @@ PASSING = "__daifu_passing__"
 #: (``engine._fastpath.passing``); then what every barrier call needs
 #: (``use_barrier``): ``sys``, the barrier, and ``sys.getprofile`` and
 #: ``sys.gettrace`` as method-wrappers (called through ``__call__``: no
-#: profile event); what an armed function's trap calls (``_armed``)
-P_EXC, P_STUB, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE, P_UPGRADE = range(8)
+#: profile event); what an armed function's trap calls (``_armed``); the
+#: quick check every stub calls first (a method-wrapper too)
+(P_EXC, P_STUB, P_QUIET, P_SYS, P_BARRIER, P_GETPROFILE, P_GETTRACE, P_UPGRADE,
+ P_QUICK) = range(9)
 
 
 def own_catch(guards) -> str | None:

@@ -146,17 +146,18 @@ options = _Options()
 RUNTIME.on_reset(options.reset)
 
 
-def use_barrier(barrier: Callable, passing: list, upgrade: Callable) -> None:
-    """The function the stubs call at an exception (``engine._barrier.entry()``)
-    and the list they read before they call it (``engine._fastpath.passing``),
-    which they reach as the builtin ``PASSING``; what an armed function's
-    traps call (``engine._barrier.upgraded``): the engine calls this when
-    it is imported.  The cells package never imports the engine: ``daifu``
+def use_barrier(barrier: Callable, quick: Callable, passing: list, upgrade: Callable) -> None:
+    """The function the stubs call at an exception and the quick check they
+    call before it (``engine._barrier.entry()``), and the list they read
+    before they call either (``engine._fastpath.passing``), which they reach
+    as the builtin ``PASSING``; what an armed function's traps call
+    (``engine._barrier.upgraded``): the engine calls this when it is
+    imported.  The cells package never imports the engine: ``daifu``
     imports the engine before anything can vaccinate code."""
     # (the method-wrappers, made once: a profiler sees no call of them)
     wrappers = [fn.__call__ for fn in (sys.getprofile, sys.gettrace)]  # type: ignore[operator]
     del passing[P_SYS:]
-    passing += [sys, barrier, *wrappers, upgrade]
+    passing += [sys, barrier, *wrappers, upgrade, quick.__call__]  # type: ignore[operator]
     setattr(builtins, PASSING, passing)
 
 

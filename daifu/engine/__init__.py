@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 
 # the stubs of vaccinated code call the barrier; the engine's state resets with
 # the runtime's
-_cells.use_barrier(_barrier.entry(), _barrier.passing, _barrier.upgraded)
+_cells.use_barrier(*_barrier.entry(), _barrier.passing, _barrier.upgraded)
 RUNTIME.on_reset(ENGINE.reset)
 # the wings get what they need of the core here, never by importing it back
 _break.wire(busy=ENGINE.busy, passing=_passing)

@@ -3,6 +3,7 @@ on the normal execution path."""
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import threading
@@ -33,7 +34,12 @@ _MAIN = threading.main_thread().ident
 
 # ``passing`` (imported above) is read by the stubs by name, as the builtin
 # ``cells._cell.PASSING`` (``cells.use_barrier`` installs it)
-__all__ = ["barrier", "entry", "judge", "passing", "upgraded"]
+__all__ = ["NO_QUICK_CHECK", "barrier", "entry", "judge", "passing", "upgraded"]
+
+#: what the stubs call first where daifu's C extension is not there (the
+#: C ``_routes.quick``'s place): a builtin that answers False to ``(exc,
+#: ref)`` -- "ask the barrier", whose Python route check follows
+NO_QUICK_CHECK: Callable = operator.is_
 
 
 @state_record
@@ -48,13 +54,15 @@ class _Entry:
 _state = RUNTIME.part(__name__, _Entry())
 
 
-def entry() -> Callable:
-    """What the stubs call: the C ``_routes.barrier`` when daifu's extension
-    is built (and ``DAIFU_SPEEDUPS`` is not ``0``), else ``barrier``.  Both
-    first check the exception's remembered route (``_fastpath.ROUTES``), then
-    hand anything else to ``judge``; in C the check takes a fraction of
-    its time in Python (docs/performance.md, "Handled exceptions", has
-    both)."""
+def entry() -> tuple[Callable, Callable]:
+    """What the stubs call: the barrier and the quick check they call
+    before it.  The C ``_routes.barrier`` and ``_routes.quick`` when daifu's
+    extension is built (and ``DAIFU_SPEEDUPS`` is not ``0``), else
+    ``barrier`` and ``NO_QUICK_CHECK``.  Both barriers first check the
+    exception's remembered route (``_fastpath.ROUTES``), then hand anything
+    else to ``judge``; in C the check takes a fraction of its time in
+    Python, and ``quick`` makes it before the stub suspends tracing
+    (docs/performance.md, "Handled exceptions", has both)."""
     if os.environ.get("DAIFU_SPEEDUPS", "1") == "0":
         _state.check = "in Python: DAIFU_SPEEDUPS=0"
     elif getattr(sys, "_is_gil_enabled", lambda: True)() is False:
@@ -69,8 +77,9 @@ def entry() -> Callable:
                             "(no C compiler at install?)")
         else:
             _state.check = "in C"
-            return _routes.install(ROUTES, passing, judge, RAISE_CODE)
-    return barrier
+            c_barrier, quick = _routes.install(ROUTES, passing, judge, RAISE_CODE)
+            return c_barrier, quick
+    return barrier, NO_QUICK_CHECK
 
 
 def barrier(exc: BaseException, ref: tuple, lasti: int, stack: tuple) -> int | tuple:

@@ -126,6 +126,35 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
     return 1;
 }
 
+/* quick(exc, ref): what a stub calls first, tracing left as it is (a call
+ * of this C function through its ``__call__`` is no event for a profiler,
+ * and it runs no Python code): the answer "re-raise" where no judgement is
+ * needed -- the end of an iteration while the engine is quiet, a remembered
+ * route taken -- else False, and the stub suspends tracing and calls
+ * ``barrier``.  The stubs of a process without this module call a builtin
+ * that answers False (``_barrier.entry``). */
+static PyObject *
+quick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || judge == NULL) {
+        Py_RETURN_FALSE;
+    }
+    PyFrameObject *frame = PyEval_GetFrame();  /* the stub's frame (borrowed) */
+    if (frame == NULL) {
+        Py_RETURN_FALSE;
+    }
+    PyTypeObject *type = Py_TYPE(args[0]);
+    if ((type == (PyTypeObject *)PyExc_StopIteration
+            || type == (PyTypeObject *)PyExc_StopAsyncIteration)
+            && PyList_GET_ITEM(passing, 2) == Py_True) {
+        return Py_NewRef(raise_code);
+    }
+    if (route_taken(args[0], args[1], frame)) {
+        return Py_NewRef(raise_code);
+    }
+    Py_RETURN_FALSE;
+}
+
 /* barrier(exc, ref, lasti, stack): what the stubs call (tracing suspended) */
 static PyObject *
 barrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -170,14 +199,21 @@ install(PyObject *module, PyObject *args)
     Py_XSETREF(passing, Py_NewRef(p));
     Py_XSETREF(judge, Py_NewRef(j));
     Py_XSETREF(raise_code, Py_NewRef(code));
-    return PyObject_GetAttrString(module, "barrier");
+    PyObject *b = PyObject_GetAttrString(module, "barrier");
+    PyObject *q = b == NULL ? NULL : PyObject_GetAttrString(module, "quick");
+    PyObject *out = q == NULL ? NULL : PyTuple_Pack(2, b, q);
+    Py_XDECREF(b);
+    Py_XDECREF(q);
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"barrier", (PyCFunction)(void (*)(void))barrier, METH_FASTCALL,
      "barrier(exc, ref, lasti, stack): the remembered route's check, then judge(..., frame)"},
+    {"quick", (PyCFunction)(void (*)(void))quick, METH_FASTCALL,
+     "quick(exc, ref): raise_code where the remembered route is taken, else False"},
     {"install", install, METH_VARARGS,
-     "install(routes, passing, judge, raise_code) -> barrier"},
+     "install(routes, passing, judge, raise_code) -> (barrier, quick)"},
     {NULL, NULL, 0, NULL},
 };
 

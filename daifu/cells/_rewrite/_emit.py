@@ -14,6 +14,7 @@ from .._cell import (
     P_BARRIER,
     P_GETPROFILE,
     P_GETTRACE,
+    P_QUICK,
     P_SYS,
     PASSING,
     RAISE_CODE,
@@ -450,6 +451,25 @@ def _continuation_call(loc) -> list:
     ]
 
 
+def _quick_check(sys_key, entry) -> list[_Item]:
+    """``[passing]`` -> ``[passing]``, or re-raise at once: the quick check
+    (``passing[P_QUICK]``, the C ``_routes.quick`` through its ``__call__``:
+    no event for a profiler, no Python code run) answers "re-raise" for an
+    exception taking a remembered route; then nothing else is called --
+    tracing stays as it is.  Any other answer: on to the barrier."""
+    slow = Label()
+    loc = _NOWHERE
+    items = _items([*_sys_callable(_slot(P_QUICK, loc), 1, loc),
+                    _instr("COPY", 5, loc),  # exc
+                    _instr("COPY", 5, loc),  # ref
+                    *_call(2, loc),
+                    _instr("LOAD_CONST", RAISE_CODE, loc), _instr("IS_OP", 0, loc),
+                    _instr(POP_JUMP_IF_FALSE, slow, loc)], sys_key)
+    items += _reraise(entry)  # (passing, ref)
+    items.append(_Item(label=slow))
+    return items
+
+
 def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback: Label, entry,
                  slot: int = P_BARRIER) -> list[_Item]:
     """The part of a group's stub that depends only on its shape: base depth
@@ -469,6 +489,7 @@ def _group_items(b: int, generator: bool, own: tuple[str, str] | None, fallback:
     loc = _NOWHERE  # the stub has no line: a tracer sees no event for it
     call = _barrier_call(b, loc, slot)
     items = _passing(guard_key, sys_key, entry, own)
+    items += _quick_check(sys_key, entry)
     items += _items(_suspend_tracing(), sys_key)
     items += _items(call, traced_key)
     # ..., lasti, exc, ref, passing, profile, trace, answer -> ..., lasti, exc, ref, answer
