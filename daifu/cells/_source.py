@@ -67,6 +67,10 @@ def _contains(span: tuple[int, int, int, int], pos: Position) -> bool:
     return (s_line, s_col) <= (line, col) and (end_line, end_col) <= (e_line, e_col)
 
 
+#: the statements nested in a simple statement (never changed)
+_NO_LEVEL: tuple[list, list, list] = ([], [], [])
+
+
 class StatementIndex:
     """Maps instruction positions to the innermost statement of one scope.
 
@@ -76,18 +80,26 @@ class StatementIndex:
 
     def __init__(self, body: list[ast.stmt]):
         self.body = body
-        self._levels: dict[int, tuple[list, list[ast.stmt]]] = {}
+        #: 0 (the body) or a statement's id -> the statements nested in it
+        #: directly, sorted: their starts, spans, and themselves (empty
+        #: lists: a simple statement)
+        self._levels: dict[int, tuple[list, list, list[ast.stmt]]] = {}
         #: (span, statement) of the simple statement found last: a code
         #: object's instructions come statement by statement, and a
         #: position inside a statement without statements of its own is that
         #: statement's (the bisection, for a run of instructions, once)
         self._last: tuple[tuple[int, int, int, int], ast.stmt] | None = None
 
-    def _level(self, key: int, stmts: list[ast.stmt]) -> tuple[list, list[ast.stmt]]:
+    def _level(self, key: int, node) -> tuple[list, list, list[ast.stmt]]:
+        """The statements nested directly in ``node`` (a statement, its
+        ``id`` the ``key``; the body for key 0), made once."""
         level = self._levels.get(key)
         if level is None:
+            stmts = node if key == 0 else [st for block in _child_blocks(node) for st in block]
+            if not stmts:  # (a simple statement: nothing kept for it)
+                return _NO_LEVEL
             stmts = sorted(stmts, key=_start)
-            level = ([_start(st) for st in stmts], stmts)
+            level = ([_start(st) for st in stmts], [_span(st) for st in stmts], stmts)
             self._levels[key] = level
         return level
 
@@ -100,28 +112,58 @@ class StatementIndex:
                 and end_line is not None and _contains(last[0], pos):
             return last[1]
         found = self._bisect(pos, line, col, end_col)
-        if found is not None and next(_child_blocks(found), None) is None:
-            self._last = (_span(found), found)
+        if found is not None:
+            _, spans, nested = self._level(id(found), found)
+            if not nested:
+                self._last = (_span(found), found)
         return found
+
+    def lookup_all(self, locations) -> list:
+        """``lookup`` of each of ``locations`` (objects with ``lineno``,
+        ``end_lineno``, ``col_offset`` and ``end_col_offset``, or None: no
+        statement), a location that is the same object as the one before it
+        looked up once: a code object's instructions, in one pass (the
+        rewrite's part per instruction that cost most, as calls)."""
+        out: list = []
+        append = out.append
+        last_loc: object = None
+        stmt = None
+        for loc in locations:
+            if loc is not last_loc:
+                last_loc = loc
+                if loc is None:
+                    stmt = None
+                else:
+                    line, end_line = loc.lineno, loc.end_lineno
+                    col, end_col = loc.col_offset, loc.end_col_offset
+                    last = self._last
+                    if last is not None and line is not None and col is not None \
+                            and end_col is not None and end_line is not None:
+                        s_line, s_col, e_line, e_col = last[0]
+                        if (s_line, s_col) <= (line, col) \
+                                and (end_line, end_col) <= (e_line, e_col):
+                            stmt = last[1]
+                            append(stmt)
+                            continue
+                    stmt = self.lookup((line, end_line, col, end_col))
+            append(stmt)
+        return out
 
     def _bisect(self, pos: Position, line: int, col: int | None,
                 end_col: int | None) -> ast.stmt | None:
         found: ast.stmt | None = None
-        starts, stmts = self._level(0, self.body)
+        starts, spans, stmts = self._level(0, self.body)
         while stmts:
             if col is None or end_col is None:
                 i = bisect.bisect_right(starts, (line, float("inf"))) - 1
-                while i > 0 and _contains(_span(stmts[i - 1]), pos):
+                while i > 0 and _contains(spans[i - 1], pos):
                     i -= 1  # several statements on the line: the first (as a scan would)
             else:
                 i = bisect.bisect_right(starts, (line, col)) - 1
-            if i < 0 or not _contains(_span(stmts[i]), pos):
+            if i < 0 or not _contains(spans[i], pos):
                 return found
             found = stmts[i]
-            nested = [st for block in _child_blocks(found) for st in block]
-            if not nested:
-                return found
-            starts, stmts = self._level(id(found), nested)
+            starts, spans, stmts = self._level(id(found), found)
         return found
 
 

@@ -141,10 +141,9 @@ def _tables(code: types.CodeType, const_updates: dict[int, object],
     for index, value in const_updates.items():
         consts[index] = value
     tables = _Tables(consts, names)
-    for shape in {it.chunk.shape: None for it in items if it.chunk is not None}:
-        for _pos, how, value in _template_of(shape).patches:
-            if tables.index(how, value) > 0xFF:
-                raise _Expand
+    for it in items:
+        if it.chunk is not None:
+            tables.chunk_code(it.chunk.shape)
     return tables
 
 
@@ -152,11 +151,20 @@ def _exception_table(ranges, place) -> bytes:
     """The exception table of (start, stop, (target, lasti, depth)) ranges,
     ``place(target)`` the code unit of a target."""
     table = bytearray()
+    append = table.append
     for start, stop, (target, lasti, depth) in _merged(ranges):
+        # (each item one byte, mostly: written at once; ``_varint`` otherwise)
+        size, where, how = stop - start, place(target), depth << 1 | int(lasti)
+        if start < 0x40 and size < 0x40 and where < 0x40 and how < 0x40:
+            append(start | 0x80)
+            append(size)
+            append(where)
+            append(how)
+            continue
         _varint(table, start, 0x80)
-        _varint(table, stop - start, 0)
-        _varint(table, place(target), 0)
-        _varint(table, depth << 1 | int(lasti), 0)
+        _varint(table, size, 0)
+        _varint(table, where, 0)
+        _varint(table, how, 0)
     return bytes(table)
 
 
@@ -195,8 +203,16 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     place = {label: base + off for label, off in lay.label_off.items()}
     for label, i in label_at.items():  # (the original's handlers)
         place[label] = base if i >= len(ops) else at[i] // 2
-    ranges = [(at[i] // 2, at[i + 1] // 2 if i + 1 < len(ops) else base, keys[i])
-              for i in range(len(ops))]
+    # (the ops' ranges merged where consecutive ones share their entry: the
+    # cells' keys are one object per run, ``_core.arm``)
+    ranges = []
+    n, i = len(ops), 0
+    while i < n:
+        key, j = keys[i], i + 1
+        while j < n and keys[j] is key:
+            j += 1
+        ranges.append((at[i] // 2, at[j] // 2 if j < n else base, key))
+        i = j
     ranges += [(start + base, stop + base, key) for start, stop, key in lay.ranges()]
     # (a target that is an int: a place in the tail's chunks; a label: placed above)
     table = _exception_table(ranges, lambda target: target + base if type(target) is int
@@ -233,11 +249,21 @@ class _Tables:
 
     def __init__(self, consts: list, names: list[str]) -> None:
         self.consts, self.names = consts, names
+        #: a chunk's shape -> its template's code with these tables' indices
+        self.filled: dict[tuple, bytearray] = {}
         self.const_at: dict = {}  # (type, value) -> index
         for i, value in enumerate(consts):
             if value is None or type(value) in (int, str):
                 self.const_at.setdefault((type(value), value), i)
         self.name_at = {name: i for i, name in enumerate(names)}
+
+    def chunk_code(self, shape: tuple) -> bytearray:
+        """The code of a chunk of ``shape``: its template's, with these
+        tables' indices (``_Expand`` when one does not fit in a byte)."""
+        body = self.filled.get(shape)
+        if body is None:
+            body = self.filled[shape] = _filled(_template_of(shape), self)
+        return body
 
     def index(self, how: int, value) -> int:
         """The argument encoding ``value`` (``_CONST``, ``_NAME``, ``_FLAG_NAME``)."""
@@ -261,13 +287,14 @@ _CHUNK = -1  # (the opcode of a chunk among the laid-out instructions)
 
 def _filled(tpl: _Template, tables: _Tables) -> bytearray:
     """A chunk's template code with its table indices filled in (``_Expand``
-    when one does not fit in a byte)."""
+    when one does not fit in a byte).  Each value is looked up once, in the
+    order the template first uses it (the order the tables grow in)."""
+    at = [tables.index(how, value) for how, value in tpl.values]
+    if at and max(at) > 0xFF:
+        raise _Expand
     body = bytearray(tpl.code)
-    for pos, how, value in tpl.patches:
-        at = tables.index(how, value)
-        if at > 0xFF:
-            raise _Expand
-        body[pos] = at
+    for pos, k in tpl.slots:
+        body[pos] = at[k]
     return body
 
 
@@ -305,7 +332,7 @@ class _Layout:
                 chunk = it.chunk
                 assert chunk is not None  # an item is a label, an instruction or a chunk
                 tpl = _template(chunk)
-                body = _filled(tpl, tables)
+                body = tables.chunk_code(chunk.shape)
                 inner.append((chunk.fallback, len(opcodes), tpl.fallback_at))
                 opcodes.append(_CHUNK)
                 args.append(body)
@@ -406,7 +433,8 @@ class _Template:
     where its fallback label is."""
 
     code: bytes
-    patches: list[tuple[int, int, object]]
+    values: list[tuple[int, object]]
+    slots: list[tuple[int, int]]
     ranges: list[tuple]
     units: int
     fallback_at: int
@@ -418,11 +446,20 @@ class _Template:
         lay = _Layout(_group_items(b, generator, own, fallback, _OUTER_KEY, slot),
                       _Tables([], []), patches)
         self.code = lay.code()
-        self.patches = []
+        #: the (encoding, value) pairs its instructions' arguments index, each
+        #: once, in the order of first use; where each is written (byte
+        #: offset, index among them)
+        self.values: list[tuple[int, object]] = []
+        self.slots: list[tuple[int, int]] = []
+        first: dict[tuple[int, object], int] = {}
         for n, how, value in patches:
             if lay.units[n] != _CACHES[lay.opcodes[n]] + 1:  # (small tables: no prefix)
                 raise AssertionError("a template instruction with an EXTENDED_ARG")
-            self.patches.append((2 * lay.starts[n] + 1, how, value))
+            key = (how, (type(value), value))
+            if key not in first:
+                first[key] = len(self.values)
+                self.values.append((how, value))
+            self.slots.append((2 * lay.starts[n] + 1, first[key]))
         self.ranges = []
         for start, stop, key in _merged(lay.ranges()):
             if key is _OUTER_KEY:

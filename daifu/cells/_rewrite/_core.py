@@ -200,16 +200,7 @@ def _statements(ops: list[_Op], index) -> list:
     """The statement of each instruction (None: none).  Consecutive
     instructions share their location object where they share a position
     (``_decode``): one lookup for them."""
-    out: list = []
-    last_loc: object = None
-    stmt = None
-    for op in ops:
-        loc = op.instr.location
-        if loc is not last_loc:
-            last_loc = loc
-            stmt = index.lookup(_location(op.instr)) if loc else None
-        out.append(stmt)
-    return out
+    return index.lookup_all([op.instr._location for op in ops])  # noqa: SLF001
 
 
 def _read_raw_args(code: types.CodeType, ops: list[_Op]) -> None:
@@ -422,8 +413,14 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
         tail += _reraise(entry)  # (whatever the upgrade did not take over)
     stacksize = max(p.peak, code.co_stacksize, *(stub_peak(base) for base, _ in traps))
     owner = _owners(p)
-    keys = [(traps[(run.base, run.entry)], True, run.base) if run is not None else op.entry
-            for op, run in zip(p.ops, (p.redirects.get(i, r) for i, r in enumerate(owner)))]
+    # (one key object per run: ``append`` merges an instruction's range into
+    # the one before when they are the same object)
+    keys: list = [op.entry for op in p.ops]
+    run_key = {id(run): (traps[(run.base, run.entry)], True, run.base) for run in p.runs}
+    for run in p.runs:
+        keys[run.start:run.stop] = [run_key[id(run)]] * (run.stop - run.start)
+    for i, run in p.redirects.items():
+        keys[i] = run_key[id(run)]
     # the original instructions as they are, where nothing is inserted among
     # them (3.13: a NOP before a cell's FOR_ITER/SEND)
     new = None

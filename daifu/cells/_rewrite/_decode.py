@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import types
 from itertools import islice
+from typing import Any
 
 from bytecode import Instr, Label
 from bytecode import concrete as _concrete
@@ -145,7 +146,10 @@ def decode(code: types.CodeType) -> tuple[list[_Op], dict[Label, int]] | None:
             return None
         name, has_arg, kind, jump, caches = table[op]
         if u != at:  # (its prefixes', or a previous instruction's caches)
-            next(islice(positions, u - at - 1, None))
+            if u - at == 1:
+                next(positions)
+            else:
+                next(islice(positions, u - at - 1, None))
         pos = next(positions)  # (the instruction's own)
         at = u + 1
         if pos != last_pos:
@@ -156,16 +160,21 @@ def decode(code: types.CodeType) -> tuple[list[_Op], dict[Label, int]] | None:
             target = nxt + arg if jump == _FORWARD else nxt - arg if jump == _BACKWARD else arg
             jumps.append((len(ops), target))
             # (its label, once every target is known: ``_link``)
-            entry = _Op(_from_trusted(name, op, _UNSET, loc), None, raw=None, offset=2 * start)
+            entry = _Op(_from_trusted(name, op, _UNSET, loc), None, None, 0, None, 2 * start)
         else:
-            if not has_arg:
+            value: Any
+            if not has_arg or (start != u and op == _NOP):
                 value = _UNSET
-            elif start != u and op == _NOP:
-                value = _UNSET
+            elif kind == _LOCAL:  # (the commonest kinds here, the rest in ``_value``)
+                value = locals_[arg]
+            elif kind == _CONST:
+                value = consts[arg]
+            elif kind == _RAW:
+                value = arg
             else:
                 value = _value(kind, arg, consts, names, locals_, cells, ncells,
                                code.co_freevars)
-            entry = _Op(_from_trusted(name, op, value, loc), None, raw=arg, offset=2 * start)
+            entry = _Op(_from_trusted(name, op, value, loc), None, None, 0, arg, 2 * start)
         starts[start] = len(ops)
         ops.append(entry)
         u = nxt

@@ -8,7 +8,6 @@ from typing import cast
 
 from bytecode import Instr, Label
 
-from ..._record import record
 from .._versions import current
 
 #: the running interpreter's behaviours (``_dispatch`` imports this package
@@ -131,19 +130,32 @@ _CLAUSE_STOP = frozenset(
 EntryKey = tuple  # (handler Label, push_lasti: bool, depth: int)
 
 
-@record
 class _Op:
-    instr: Instr
-    entry: EntryKey | None
-    depth: int | None = None
-    #: bit k set: stack slot k may hold NULL before the instruction
-    nulls: int = 0
-    #: the argument as encoded in the original code (``_assemble.splice``
-    #: reuses it), None for a jump or where it could not be read
-    raw: int | None = None
-    #: its byte offset in the original code (its ``EXTENDED_ARG`` prefixes
-    #: included), where it could be read (``_read_raw_args``)
-    offset: int | None = None
+    """One instruction of the code being rewritten and what the analysis
+    found of it.  (Slots, not a record: a module of thousands of statements
+    has one per instruction -- as dict-backed objects they were a fifth of
+    its rewrite's peak memory.)"""
+
+    __slots__ = ("instr", "entry", "depth", "nulls", "raw", "offset")
+
+    def __init__(self, instr: Instr, entry: EntryKey | None, depth: int | None = None,
+                 nulls: int = 0, raw: int | None = None, offset: int | None = None) -> None:
+        self.instr = instr
+        self.entry = entry
+        #: the value-stack depth before it (None: not reached)
+        self.depth = depth
+        #: bit k set: stack slot k may hold NULL before the instruction
+        self.nulls = nulls
+        #: the argument as encoded in the original code (``_assemble.splice``
+        #: reuses it), None for a jump or where it could not be read
+        self.raw = raw
+        #: its byte offset in the original code (its ``EXTENDED_ARG`` prefixes
+        #: included), where it could be read (``_read_raw_args``)
+        self.offset = offset
+
+    def __repr__(self) -> str:
+        return (f"_Op(instr={self.instr!r}, entry={self.entry!r}, depth={self.depth!r}, "
+                f"nulls={self.nulls!r}, raw={self.raw!r}, offset={self.offset!r})")
 
 
 def _location(instr: Instr) -> tuple:
