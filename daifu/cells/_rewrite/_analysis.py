@@ -117,6 +117,7 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: boo
     for op in ops:
         op.depth = None
         op.nulls = 0
+        op.shape = None
     peak = 0
 
     def flow(i: int, depth: int, nulls: int) -> None:
@@ -138,28 +139,38 @@ def _analyse_depths(ops: list[_Op], label_at: dict[Label, int], track_nulls: boo
 
     work: list[int] = []
     flow(0, 0, 0)
+    n = len(ops)
     while work:
         i = work.pop()
-        op = ops[i]
-        depth = op.depth
-        assert depth is not None
-        instr = op.instr
-        if op.entry is not None:
-            target, lasti, edepth = op.entry
-            flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
-        shape = _shape(instr)
-        name = shape.name
-        if shape.jumps:
-            effect = shape.jump_effect
-            after = depth + effect
-            peak = max(peak, after, depth + max(0, effect))
-            flow(label_at[_label_arg(instr)], after,
-                 _nulls_after(instr, name, shape.jump_rule, depth, op.nulls) if track_nulls else 0)
-        if name not in _TERMINAL:
+        while True:  # (on along the fall-through while it reaches new instructions)
+            op = ops[i]
+            depth = op.depth
+            assert depth is not None
+            instr = op.instr
+            if op.entry is not None:
+                target, lasti, edepth = op.entry
+                flow(label_at[target], edepth + int(lasti) + 1, op.nulls & ((1 << edepth) - 1))
+            shape = op.shape = _shape(instr)
+            name = shape.name
+            if shape.jumps:
+                effect = shape.jump_effect
+                after = depth + effect
+                peak = max(peak, after, depth + max(0, effect))
+                flow(label_at[_label_arg(instr)], after,
+                     _nulls_after(instr, name, shape.jump_rule, depth, op.nulls)
+                     if track_nulls else 0)
+            if name in _TERMINAL:
+                break
             after = depth + shape.effect
-            peak = max(peak, after)
-            flow(i + 1, after,
-                 _nulls_after(instr, name, shape.rule, depth, op.nulls) if track_nulls else 0)
+            if after > peak:
+                peak = after
+            nulls = _nulls_after(instr, name, shape.rule, depth, op.nulls) if track_nulls else 0
+            i += 1
+            if i < n and after >= 0 and ops[i].depth is None:
+                ops[i].depth, ops[i].nulls = after, nulls
+                continue
+            flow(i, after, nulls)
+            break
     return peak
 
 

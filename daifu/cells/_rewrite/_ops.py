@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dis
-from typing import cast
+from typing import Any, cast
 
 from bytecode import Instr, Label
 
@@ -136,7 +136,7 @@ class _Op:
     has one per instruction -- as dict-backed objects they were a fifth of
     its rewrite's peak memory.)"""
 
-    __slots__ = ("instr", "entry", "depth", "nulls", "raw", "offset")
+    __slots__ = ("instr", "entry", "depth", "nulls", "raw", "offset", "shape")
 
     def __init__(self, instr: Instr, entry: EntryKey | None, depth: int | None = None,
                  nulls: int = 0, raw: int | None = None, offset: int | None = None) -> None:
@@ -152,6 +152,8 @@ class _Op:
         #: its byte offset in the original code (its ``EXTENDED_ARG`` prefixes
         #: included), where it could be read (``_read_raw_args``)
         self.offset = offset
+        #: what the analysis asks of it (``_analysis._Shape``), once reached
+        self.shape: Any = None
 
     def __repr__(self) -> str:
         return (f"_Op(instr={self.instr!r}, entry={self.entry!r}, depth={self.depth!r}, "

@@ -10,7 +10,7 @@ from bytecode import Label
 from ..._record import field, record
 from .._cell import Cell
 from .._source import ModuleSource
-from ._analysis import _effect, _touch
+from ._analysis import _effect
 from ._ops import _MACHINERY, _TERMINAL, INLINED_CALLS, PY, EntryKey, _label_arg, _Op
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
                     runs.append(run)
                     run = None
                 continue
-            touch = _touch(op.instr, depth)
+            touch = depth + op.shape.touch  # (``_touch``: the analysis gave it its shape)
             if (
                 run is not None
                 and i not in forced
@@ -78,7 +78,7 @@ def _build_runs(ops: list[_Op], label_at: dict[Label, int], stmts: list) -> list
                 owner[i] = r
         new_forced = set()
         for j, op in enumerate(ops):
-            if not op.instr.has_jump():
+            if not (op.shape.jumps if op.shape is not None else op.instr.has_jump()):
                 continue
             t = label_at[_label_arg(op.instr)]
             hit = owner.get(t)
