@@ -128,6 +128,11 @@ class StatementIndex:
         append = out.append
         last_loc: object = None
         stmt = None
+        # the last simple statement found (``_last``), unpacked
+        s_line = s_col = e_line = e_col = -1
+        last_stmt = None
+        if self._last is not None:
+            (s_line, s_col, e_line, e_col), last_stmt = self._last
         for loc in locations:
             if loc is not last_loc:
                 last_loc = loc
@@ -136,16 +141,15 @@ class StatementIndex:
                 else:
                     line, end_line = loc.lineno, loc.end_lineno
                     col, end_col = loc.col_offset, loc.end_col_offset
-                    last = self._last
-                    if last is not None and line is not None and col is not None \
-                            and end_col is not None and end_line is not None:
-                        s_line, s_col, e_line, e_col = last[0]
-                        if (s_line, s_col) <= (line, col) \
-                                and (end_line, end_col) <= (e_line, e_col):
-                            stmt = last[1]
-                            append(stmt)
-                            continue
-                    stmt = self.lookup((line, end_line, col, end_col))
+                    if last_stmt is not None and line is not None and col is not None \
+                            and end_col is not None and end_line is not None \
+                            and (s_line < line or s_line == line and s_col <= col) \
+                            and (end_line < e_line or end_line == e_line and end_col <= e_col):
+                        stmt = last_stmt  # (``_contains``, written out)
+                    else:
+                        stmt = self.lookup((line, end_line, col, end_col))
+                        if self._last is not None and self._last[1] is not last_stmt:
+                            (s_line, s_col, e_line, e_col), last_stmt = self._last
             append(stmt)
         return out
 

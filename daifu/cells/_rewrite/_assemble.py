@@ -218,10 +218,10 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     table = _exception_table(ranges, lambda target: target + base if type(target) is int
                              else place[target])
     lines = bytearray(code.co_linetable)
-    left = lay.end
-    while left > 0:
-        lines.append(0x80 | _NO_LOCATION << 3 | (min(left, 8) - 1))
-        left -= 8
+    full, rest = divmod(lay.end, 8)  # ("no location" entries of 8 units, then the rest)
+    lines += bytes((0x80 | _NO_LOCATION << 3 | 7,)) * full
+    if rest:
+        lines.append(0x80 | _NO_LOCATION << 3 | (rest - 1))
     return code.replace(co_code=code.co_code + lay.code(), co_consts=tuple(tables.consts),
                         co_names=tuple(tables.names), co_exceptiontable=table,
                         co_linetable=bytes(lines), co_stacksize=stacksize)
