@@ -126,6 +126,22 @@ route_taken(PyObject *exc, PyObject *ref, PyFrameObject *frame)
     return 1;
 }
 
+/* Is "re-raise" the answer for ``exc`` in the cell ``ref`` names, in
+ * ``frame``, with nothing judged?  The end of an iteration (a class's
+ * ``__next__`` ending a ``for``: never a crash) while the engine is quiet,
+ * or a remembered route taken (``route_taken``, which marks it passing). */
+static int
+answered(PyObject *exc, PyObject *ref, PyFrameObject *frame)
+{
+    PyTypeObject *type = Py_TYPE(exc);
+    if ((type == (PyTypeObject *)PyExc_StopIteration
+            || type == (PyTypeObject *)PyExc_StopAsyncIteration)
+            && PyList_GET_ITEM(passing, 2) == Py_True) {
+        return 1;
+    }
+    return route_taken(exc, ref, frame);
+}
+
 /* quick(exc, ref): what a stub calls first, tracing left as it is (a call
  * of this C function through its ``__call__`` is no event for a profiler,
  * and it runs no Python code): the answer "re-raise" where no judgement is
@@ -143,13 +159,7 @@ quick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (frame == NULL) {
         Py_RETURN_FALSE;
     }
-    PyTypeObject *type = Py_TYPE(args[0]);
-    if ((type == (PyTypeObject *)PyExc_StopIteration
-            || type == (PyTypeObject *)PyExc_StopAsyncIteration)
-            && PyList_GET_ITEM(passing, 2) == Py_True) {
-        return Py_NewRef(raise_code);
-    }
-    if (route_taken(args[0], args[1], frame)) {
+    if (answered(args[0], args[1], frame)) {
         return Py_NewRef(raise_code);
     }
     Py_RETURN_FALSE;
@@ -168,15 +178,7 @@ barrier(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_SystemError, "daifu barrier: no Python frame");
         return NULL;
     }
-    /* the end of an iteration (a class's ``__next__`` ending a ``for``):
-     * never a crash; while the engine is quiet, nothing else to ask */
-    PyTypeObject *type = Py_TYPE(args[0]);
-    if ((type == (PyTypeObject *)PyExc_StopIteration
-            || type == (PyTypeObject *)PyExc_StopAsyncIteration)
-            && PyList_GET_ITEM(passing, 2) == Py_True) {
-        return Py_NewRef(raise_code);
-    }
-    if (route_taken(args[0], args[1], frame)) {
+    if (answered(args[0], args[1], frame)) {
         return Py_NewRef(raise_code);
     }
     PyObject *call[5] = {args[0], args[1], args[2], args[3], (PyObject *)frame};
