@@ -112,10 +112,8 @@ class StatementIndex:
                 and end_line is not None and _contains(last[0], pos):
             return last[1]
         found = self._bisect(pos, line, col, end_col)
-        if found is not None:
-            _, spans, nested = self._level(id(found), found)
-            if not nested:
-                self._last = (_span(found), found)
+        if found is not None and not self._level(id(found), found)[2]:  # (a simple one)
+            self._last = (_span(found), found)
         return found
 
     def lookup_all(self, locations) -> list:
