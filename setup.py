@@ -14,6 +14,8 @@ setup(ext_modules=[
     Extension("daifu.engine._routes", ["daifu/engine/_routes.c"], optional=True),
     # the program's signal handlers held back while daifu's own code runs
     Extension("daifu.engine._csignals", ["daifu/engine/_csignals.c"], optional=True),
+    # flat code's walk when it is armed (``_rewrite._flat``)
+    Extension("daifu.cells._rewrite._cflat", ["daifu/cells/_rewrite/_cflat.c"], optional=True),
     # the program's main module run with no frame of runpy's or daifu's below it
     Extension("daifu.hooks._cmain", ["daifu/hooks/_cmain.c"], optional=True),
 ])

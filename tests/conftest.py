@@ -119,8 +119,9 @@ def pytest_configure(config):
         import torch  # noqa: F401
         import tqdm  # noqa: F401
     if os.environ.get("DAIFU_REQUIRE_SPEEDUPS") == "1":
-        # the C check of remembered routes and the C signal handlers are
-        # built (pip needs a C compiler)
+        # the C check of remembered routes, the C signal handlers and the
+        # C walk of flat code are built (pip needs a C compiler)
+        import daifu.cells._rewrite._cflat  # noqa: F401
         import daifu.engine._csignals  # noqa: F401
         import daifu.engine._routes  # noqa: F401
         import daifu.hooks._cmain  # noqa: F401

@@ -9,8 +9,12 @@ raises.  The cells the rewrite produced are checked too.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dis
+import os
 import sys
+import textwrap
 
 import pytest
 
@@ -596,6 +600,112 @@ def test_the_rewrites_decoder_reads_code_as_bytecode_does(module):
         ours = decode(code)
         assert ours is not None, code.co_qualname
         assert _decoded(*ours) == _decoded(ops, label_at), code.co_qualname
+
+
+@pytest.mark.parametrize("module", ["argparse", "dataclasses", "typing", "locale",
+                                    "email._header_value_parser", "deep"])
+def test_flat_code_is_armed_as_its_runs_would_arm_it(module, monkeypatch):
+    # flat code (no exception table, no loop iterator, no jump into a
+    # statement with values on the stack: ``_flat``) is armed without its
+    # analysis, every instruction after the prologue pointed at one trap of
+    # depth 0.  The exact arming of the same code (its runs) must have that
+    # trap only, at depth 0, on a part of the same range; what it leaves
+    # out cannot raise (the implicit return, a forward jump).  The walk in C
+    # answers as the one in Python.
+    import dis
+
+    from daifu.cells._cell import CodeInfo
+    from daifu.cells._exctable import exception_entries
+    from daifu.cells._rewrite import _core, _flat
+    from daifu.cells._source import ModuleSource
+
+    if _flat.flat_start is _flat.py_flat_start:
+        if os.environ.get("DAIFU_REQUIRE_SPEEDUPS") == "1":
+            raise AssertionError("daifu/cells/_rewrite/_cflat.c is not built")
+    source, filename = _module_source(module)
+    tree = ast.parse(source, filename)
+    msrc = ModuleSource(source, filename, tree)
+    monkeypatch.setattr(_core, "_FLAT", False)
+    flat = total = 0
+    for code in _codes(compile(tree, filename, "exec", dont_inherit=True)):
+        scope = msrc.scope_for(code)
+        if scope is None:
+            continue
+        total += 1
+        start = _flat.py_flat_start(code, msrc.statements(scope))
+        assert _flat.flat_start(code, msrc.statements(scope)) == start, code.co_qualname
+        if start is None:
+            continue
+        flat += 1
+        info = CodeInfo(code.co_qualname, filename, code.co_firstlineno, None, original=code)
+        armed = _core.arm(code, info, msrc, scope, {})
+        own = [e for e in exception_entries(armed) if e.start < len(code.co_code)]
+        assert own and {(e.target, e.depth, e.lasti) for e in own} == \
+            {(own[0].target, 0, True)}, code.co_qualname
+        assert own[0].start >= 2 * start, code.co_qualname
+        covered = {o for e in own for o in range(e.start, e.end, 2)}
+        left = {i.opname for i in dis.get_instructions(code)
+                if i.offset >= 2 * start and i.offset not in covered}
+        assert left <= {"LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "JUMP_FORWARD",
+                        "EXTENDED_ARG"}, (code.co_qualname, left)
+    assert flat >= total // 4, (flat, total)
+
+
+def test_a_flat_function_crashes_into_its_own_frame_and_is_retried():
+    # a function with no loop, try or with (armed flat): the crash is taken
+    # in its frame at the failing statement, which a retry re-runs; the
+    # statements before it are not run again
+    source = PRELUDE + textwrap.dedent("""
+        CALLS = []
+        def step(a, b=2):
+            CALLS.append("before")
+            x = a + flaky(3) * b
+            if x > 10:
+                y = [x, a]
+            else:
+                y = (x, b)
+            return len(y) + x
+        result = step(20)
+    """)
+    expected = plain(source)
+
+    @daifu.on(Exception)
+    def retry(crash):
+        return daifu.RETRY
+
+    ns = vaccinate(source.replace('STATE = {"fail": 0}', 'STATE = {"fail": 1}'),
+                   module_level=True, armed=True)
+    assert ns["STATE"] == {"fail": 0}  # it failed once, and was retried
+    assert ns["result"] == expected["result"] and ns["CALLS"] == ["before"]
+    # (the function runs its vaccinated code from then on, made at the crash)
+    info = cells_of(ns["step"].__code__)
+    assert info is not None and info.upgraded is ns["step"].__code__
+
+
+def test_the_module_tree_is_freed_before_the_collector_is_back(monkeypatch):
+    # the collector is paused while a module is rewritten; its first
+    # collection after the pause walks what the pause allocated and is
+    # still alive -- the module's tree, if anything still held it (the
+    # rewrite's recursive walk did: a cycle only the collector frees)
+    import gc
+
+    from daifu.cells import Selection, _transform, options, vaccinate_source
+
+    alive = []
+    real = _transform._collector_paused
+
+    @contextlib.contextmanager
+    def spy():
+        with real():
+            yield
+            alive.append(sum(1 for o in gc.get_objects(0) if isinstance(o, ast.Name)))
+
+    monkeypatch.setattr(_transform, "_collector_paused", spy)
+    monkeypatch.setattr(options, "cache", None)
+    monkeypatch.setattr(options, "strict", False)  # (strict: rewritten now, the tree kept)
+    body = "".join(f"v{i} = w{i} = {i}\n" for i in range(500))
+    vaccinate_source(body, "tree_freed.py", Selection(("**",), True, armed=True))
+    assert alive == [0]
 
 
 def test_the_collector_is_paused_while_a_module_is_rewritten_and_left_as_it_was(monkeypatch):

@@ -38,18 +38,37 @@ def _span(node: ast.AST) -> tuple[int, int, int, int]:
     return (*_start(node), node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
 
 
+#: ``_block_fields`` of each statement class met
+_BLOCK_FIELDS: dict[type, tuple[tuple[str, ...], bool, bool]] = {}
+
+
+def _block_fields(cls: type) -> tuple[tuple[str, ...], bool, bool]:
+    """Where a statement of class ``cls`` holds the statements nested in it:
+    its ``body``/``orelse``/``finalbody`` fields, and do its ``handlers``,
+    its ``cases``, have bodies (nothing: a simple statement, or a nested
+    scope, which compiles to its own code object)."""
+    known = _BLOCK_FIELDS.get(cls)
+    if known is None:
+        fields = () if issubclass(cls, _SCOPES) else getattr(cls, "_fields", ())
+        known = _BLOCK_FIELDS[cls] = (
+            tuple(n for n in ("body", "orelse", "finalbody") if n in fields),
+            "handlers" in fields, "cases" in fields)
+    return known
+
+
 def _child_blocks(node: ast.stmt) -> Iterator[list[ast.stmt]]:
     """The statement lists nested directly in a compound statement."""
-    if isinstance(node, _SCOPES):
-        return  # a nested scope compiles to its own code object
-    for name in ("body", "orelse", "finalbody"):
+    names, handlers, cases = _block_fields(type(node))
+    for name in names:
         block = getattr(node, name, None)
         if block:
             yield block
-    for handler in getattr(node, "handlers", ()) or ():
-        yield handler.body
-    for case in getattr(node, "cases", ()) or ():
-        yield case.body
+    if handlers:
+        for handler in getattr(node, "handlers", ()) or ():
+            yield handler.body
+    if cases:
+        for case in getattr(node, "cases", ()) or ():
+            yield case.body
 
 
 def contains(span: tuple[int, int, int, int], pos: Position) -> bool:
@@ -69,6 +88,7 @@ def _contains(span: tuple[int, int, int, int], pos: Position) -> bool:
 
 #: the statements nested in a simple statement (never changed)
 _NO_LEVEL: tuple[list, list, list] = ([], [], [])
+_SIMPLE = ((), False, False)  # (``_block_fields`` of a simple statement)
 
 
 class StatementIndex:
@@ -95,11 +115,15 @@ class StatementIndex:
         ``id`` the ``key``; the body for key 0), made once."""
         level = self._levels.get(key)
         if level is None:
-            stmts = node if key == 0 else [st for block in _child_blocks(node) for st in block]
-            if not stmts:  # (a simple statement: nothing kept for it)
+            if key != 0 and _block_fields(type(node)) == _SIMPLE:
+                self._levels[key] = _NO_LEVEL
                 return _NO_LEVEL
-            stmts = sorted(stmts, key=_start)
-            level = ([_start(st) for st in stmts], [_span(st) for st in stmts], stmts)
+            stmts = node if key == 0 else [st for block in _child_blocks(node) for st in block]
+            if not stmts:  # (a simple statement: the one empty level, shared)
+                level = _NO_LEVEL
+            else:
+                stmts = sorted(stmts, key=_start)
+                level = ([_start(st) for st in stmts], [_span(st) for st in stmts], stmts)
             self._levels[key] = level
         return level
 
@@ -115,6 +139,14 @@ class StatementIndex:
         if found is not None and not self._level(id(found), found)[2]:  # (a simple one)
             self._last = (_span(found), found)
         return found
+
+    def own_span(self, stmt: ast.stmt) -> tuple[int, int, int, int]:
+        """Where ``stmt`` starts, and where the part of it that is its own
+        ends: its end (a simple statement), or its first nested statement's
+        start (a compound one: its header)."""
+        start, end = _start(stmt), (stmt.end_lineno, stmt.end_col_offset)
+        nested = self._level(id(stmt), stmt)[0]
+        return (*start, *(nested[0] if nested else end))
 
     def lookup_all(self, locations) -> list:
         """``lookup`` of each of ``locations`` (objects with ``lineno``,

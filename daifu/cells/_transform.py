@@ -276,6 +276,7 @@ def vaccinate_module(
         return co
 
     new_code = walk(code, None)
+    walk = None  # type: ignore[assignment]  # (its own cell held it, and it the source: a cycle)
     _register(msrc.filename)
     # armed code needs the parsed source again only at a crash: parsed again
     # then, as for code from the cache (a tree is ~4 KB a statement, kept
@@ -391,6 +392,10 @@ def vaccinate_source(
         new_code, report = vaccinate_module(code, msrc, selection, module)
         if cache is not None:  # (nothing to protect, too: the next start parses nothing)
             cache.store(source, filename, module, selection, new_code, report)
+        # (freed before the collector is back: the first allocation after
+        # the pause starts a collection of everything allocated during it --
+        # a big module's tree, all of it alive, walked for nothing)
+        del tree, msrc, code
     return new_code, report
 
 

@@ -161,10 +161,16 @@ def _exception_table(ranges, place) -> bytes:
             append(where)
             append(how)
             continue
-        _varint(table, start, 0x80)
-        _varint(table, size, 0)
-        _varint(table, where, 0)
-        _varint(table, how, 0)
+        # (the others: each item that fits in one byte written at once)
+        if start < 0x40:
+            append(start | 0x80)
+        else:
+            _varint(table, start, 0x80)
+        for value in (size, where, how):
+            if value < 0x40:
+                append(value)
+            else:
+                _varint(table, value, 0)
     return bytes(table)
 
 
@@ -193,13 +199,7 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
     if not ops or None in offsets:
         return None
     at = cast("list[int]", offsets)
-    try:
-        tables = _tables(code, const_updates, tail)
-    except _Expand:  # (its constants or names past a byte: the traps' own instructions)
-        tail = expand(tail)
-        tables = _tables(code, const_updates, tail)
-    base = len(code.co_code) // 2  # (the tail's first code unit)
-    lay = _Layout(tail, tables)
+    tables, lay, tail, base = _tail_laid_out(code, const_updates, tail)
     place = {label: base + off for label, off in lay.label_off.items()}
     for label, i in label_at.items():  # (the original's handlers)
         place[label] = base if i >= len(ops) else at[i] // 2
@@ -213,6 +213,37 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
             j += 1
         ranges.append((at[i] // 2, at[j] // 2 if j < n else base, key))
         i = j
+    return _appended(code, tables, lay, ranges, place, stacksize)
+
+
+def append_covering(code: types.CodeType, start: int, key: tuple, const_updates: dict[int, object],
+                    tail: list[_Item], stacksize: int) -> types.CodeType:
+    """``code`` with its own instructions as they are, those from code unit
+    ``start`` on under the one exception-table entry ``key``, and ``tail``
+    laid out after them (flat armed code: ``_flat``)."""
+    tables, lay, tail, base = _tail_laid_out(code, const_updates, tail)
+    place = {label: base + off for label, off in lay.label_off.items()}
+    return _appended(code, tables, lay, [(start, base, key)], place, stacksize)
+
+
+def _tail_laid_out(code: types.CodeType, const_updates: dict[int, object],
+                   tail: list[_Item]) -> tuple[_Tables, _Layout, list[_Item], int]:
+    """The tables and layout of ``tail`` after ``code``'s own instructions
+    (its chunks expanded where their constants or names do not fit a byte),
+    and the code unit it starts at."""
+    try:
+        tables = _tables(code, const_updates, tail)
+    except _Expand:  # (its constants or names past a byte: the traps' own instructions)
+        tail = expand(tail)
+        tables = _tables(code, const_updates, tail)
+    return tables, _Layout(tail, tables), tail, len(code.co_code) // 2
+
+
+def _appended(code: types.CodeType, tables: _Tables, lay: _Layout, ranges: list,
+              place: dict, stacksize: int) -> types.CodeType:
+    """``code`` and its tail (``lay``), the own instructions' exception-table
+    ``ranges`` (code units) first, the tail's after them."""
+    base = len(code.co_code) // 2
     ranges += [(start + base, stop + base, key) for start, stop, key in lay.ranges()]
     # (a target that is an int: a place in the tail's chunks; a label: placed above)
     table = _exception_table(ranges, lambda target: target + base if type(target) is int

@@ -17,6 +17,7 @@ from ._assemble import (
     _NotSpliced,
     _with_try_blocks,
     append,
+    append_covering,
     expand,
     splice,
 )
@@ -33,6 +34,7 @@ from ._emit import (
     _reraise,
     stub_peak,
 )
+from ._flat import flat_start
 from ._handlers import (
     _walk_to_reraise,
     c_passes_through,
@@ -66,6 +68,8 @@ PYTHON = PY.python
 #: assemble with daifu's ``splice`` (False: with ``bytecode``; the tests
 #: compare the two)
 _SPLICE = True
+#: flat code armed without its analysis (``_flat``; False: the tests' exact arming)
+_FLAT = True
 
 # (frame access, ctypes, is the package's: imported at the first crash)
 __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "c_passes_through",
@@ -151,7 +155,7 @@ def plan(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
 
 
 def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: dict | None,
-             continuation: Continuation | None = None) -> Plan:
+             continuation: Continuation | None = None, index=None) -> Plan:
     """Decode and analyse the code, and find its runs (``plan``, before the
     cells; what arming needs too)."""
     if code.co_flags & (0x80 | 0x100 | 0x200):  # COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
@@ -179,7 +183,8 @@ def _runs_of(code: types.CodeType, msrc: ModuleSource, scope, replace_consts: di
                         const_updates[op.raw] = new
     peak = _analyse_depths(ops, label_at)
 
-    index = msrc.statements(scope)
+    if index is None:
+        index = msrc.statements(scope)
     stmts = _statements(ops, index)
     _drop_implicit_returns(ops, stmts)
     runs = _build_runs(ops, label_at, stmts)
@@ -395,22 +400,22 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     cells till then.  Raises ``Unsupported`` (a generator: rewrite it now)."""
     if code.co_flags & 0x20:
         raise Unsupported("a generator's frame is not upgraded: vaccinated at once")
-    p = _runs_of(code, msrc, scope, replace_consts)
+    index = msrc.statements(scope)
+    start = flat_start(code, index) if _FLAT else None
+    if start is not None:  # (``_flat``: one trap, every instruction pointed at it)
+        trap = Label()
+        tail = _trap_tail(info, {(0, None): trap}, lambda entry: ())
+        updates = {i: replace_consts[id(c)] for i, c in enumerate(code.co_consts)
+                   if type(c) is types.CodeType and replace_consts and id(c) in replace_consts}
+        info.armed = True
+        return append_covering(code, start, (trap, True, 0), updates, tail,
+                               max(code.co_stacksize, stub_peak(0)))
+    p = _runs_of(code, msrc, scope, replace_consts, index=index)
     traps: dict[tuple, Label] = {}
     for run in p.runs:
         traps.setdefault((run.base, run.entry), Label())
-    tail = [_Item(_instr("NOP", loc=_NOWHERE), None)]  # (as ``emit``'s)
-    info.traps = []
-    for (base, entry), label in traps.items():
-        guards = handler_chain(p.ops, p.label_at, entry, msrc, code)
-        own = own_test(guards)
-        tail.append(_Item(label=label))
-        mark = (ARMED_MARK, info.key, len(info.traps))
-        info.traps.append(guards)
-        # (bytecode's InstrArg has no type for a constant's value)
-        tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
-        tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
-        tail += _reraise(entry)  # (whatever the upgrade did not take over)
+    tail = _trap_tail(info, traps, lambda entry: handler_chain(p.ops, p.label_at, entry, msrc,
+                                                               code))
     stacksize = max(p.peak, code.co_stacksize, *(stub_peak(base) for base, _ in traps))
     owner = _owners(p)
     # (one key object per run: ``append`` merges an instruction's range into
@@ -436,6 +441,25 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
             raise Unsupported(f"not armed: {exc}") from exc
     info.armed = True
     return new
+
+
+def _trap_tail(info: CodeInfo, traps: dict[tuple, Label], guards_of) -> list[_Item]:
+    """Armed code's tail: a trap per (base depth, handler entry) of
+    ``traps``, at its label, its guards (``guards_of(entry)``) in
+    ``info.traps``."""
+    tail = [_Item(_instr("NOP", loc=_NOWHERE), None)]  # (as ``emit``'s)
+    info.traps = []
+    for (base, entry), label in traps.items():
+        guards = guards_of(entry)
+        own = own_test(guards)
+        tail.append(_Item(label=label))
+        mark = (ARMED_MARK, info.key, len(info.traps))
+        info.traps.append(guards)
+        # (bytecode's InstrArg has no type for a constant's value)
+        tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
+        tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
+        tail += _reraise(entry)  # (whatever the upgrade did not take over)
+    return tail
 
 
 def assemble(p: Plan, items: list[_Item]) -> types.CodeType:
