@@ -183,6 +183,7 @@ NOT_STATE = {
     "daifu.cells._rewrite._flat._effects": "a cache: each opcode and argument's stack effect",
     "daifu.cells._rewrite._assemble._TEMPLATES": "a cache: each stub shape's code",
     "daifu.cells._rewrite._assemble._KINDS": "a cache: each opcode's kind",
+    "daifu.cells._rewrite._assemble._COVERING_TAILS": "a cache: flat code's tail, laid out",
     "daifu.cells._rewrite._decode._ENUMS": "a constant table (the enum of each argument kind)",
     "daifu.cells._rewrite._decode._MEMO": "a cache: each enum argument's member",
     "daifu.cells._rewrite._emit._SHARED": "a cache: daifu's own instructions, made once",

@@ -651,6 +651,47 @@ def test_flat_code_is_armed_as_its_runs_would_arm_it(module, monkeypatch):
     assert flat >= total // 4, (flat, total)
 
 
+@pytest.mark.parametrize("module", ["argparse", "typing"])
+def test_a_flat_trap_laid_out_once_is_the_one_laid_out_for_each_code(module, monkeypatch):
+    # flat code's tail is laid out once per the table indices it uses
+    # (``_assemble._COVERING_TAILS``): arming every code object of a module
+    # with the layouts of those before it gives the code of a fresh layout
+    from daifu.cells._cell import CodeInfo
+    from daifu.cells._rewrite import _assemble, _core
+    from daifu.cells._source import ModuleSource
+
+    source, filename = _module_source(module)
+    tree = ast.parse(source, filename)
+    msrc = ModuleSource(source, filename, tree)
+    monkeypatch.setattr(_assemble, "_COVERING_TAILS", {})
+    hits = 0
+
+    def armed(code, scope):
+        info = CodeInfo(code.co_qualname, filename, code.co_firstlineno, None, original=code)
+        try:
+            new = _core.arm(code, info, msrc, scope, {})
+        except (_core.Unsupported, _core.NothingToProtect) as exc:
+            return repr(exc)
+        added = tuple("mark" if type(c) is tuple and c[:1] == ("daifu.armed",) else c
+                      for c in new.co_consts[len(code.co_consts):])  # (its key: per info)
+        return (new.co_code, new.co_exceptiontable, new.co_linetable, new.co_names,
+                new.co_stacksize, added)
+
+    for code in _codes(compile(tree, filename, "exec", dont_inherit=True)):
+        scope = msrc.scope_for(code)
+        if scope is None:
+            continue
+        kept = dict(_assemble._COVERING_TAILS)
+        _assemble._COVERING_TAILS.clear()
+        fresh = armed(code, scope)
+        _assemble._COVERING_TAILS.clear()
+        _assemble._COVERING_TAILS.update(kept)
+        before = len(kept)
+        assert armed(code, scope) == fresh, code.co_qualname
+        hits += len(_assemble._COVERING_TAILS) == before
+    assert hits > 10
+
+
 def test_a_flat_function_crashes_into_its_own_frame_and_is_retried():
     # a function with no loop, try or with (armed flat): the crash is taken
     # in its frame at the failing statement, which a retry re-runs; the

@@ -14,7 +14,7 @@ import bisect
 import linecache
 import types
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import cast
 
 _FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -281,16 +281,23 @@ class ModuleSource:
     def __init__(self, source: str, filename: str, tree: ast.Module | None = None):
         self.source = source
         self.filename = filename
-        # the tokenizer's line breaks only (str.splitlines also splits on form
-        # feeds and U+2028, which would shift every line after them)
-        self._raw = source.encode("utf-8", "surrogatepass").splitlines(True)
-        self.lines = [line.decode("utf-8", "surrogatepass").rstrip("\r\n") for line in self._raw]
         self.tree = tree if tree is not None else ast.parse(source, filename)
         self._scopes: dict[tuple[str, int], ast.AST] = {}
         self._walk_scope(self.tree.body, "")
         # the statement index (parents, handlers, finally blocks) is built when
         # the rewrite first needs it: a module of first-call stubs never does
         self._indexed = False
+
+    @cached_property
+    def _raw(self) -> list[bytes]:
+        """The source's lines as bytes: the tokenizer's line breaks only
+        (``str.splitlines`` also splits on form feeds and U+2028, which would
+        shift every line after them).  Made when a report first shows one."""
+        return self.source.encode("utf-8", "surrogatepass").splitlines(True)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return [line.decode("utf-8", "surrogatepass").rstrip("\r\n") for line in self._raw]
 
     def _index(self) -> None:
         # built aside and published at once: two threads' first calls may both

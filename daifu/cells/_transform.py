@@ -91,6 +91,11 @@ class Selection:
                 return True
         return False
 
+    @property
+    def wildcards_only(self) -> bool:
+        """Do ``entries`` name no function (``*``, ``**``, ``<module>``)?"""
+        return all(p.rpartition(":")[2] in ("*", "**", "<module>") for p in self.entries)
+
     def names(self, code: types.CodeType, scope: ast.AST, module: str | None) -> bool:
         """Is the function marked, or named by a pattern that is no wildcard?"""
         from ._source import is_marked  # lazy: 17.3 ms
@@ -247,7 +252,10 @@ def vaccinate_module(
                 if new_child is not const:
                     children[id(const)] = new_child
         stub = selection.lazy and scope is not None and _lazy.stubbable(co, scope, parent)
-        if scope is not None and (selection.wants(co, scope, module) or (stub and now)):
+        # (``wants`` asked only where its answer counts, or where a pattern
+        # that names functions must learn that it matched one)
+        if scope is not None and (stub and now and selection.wildcards_only
+                                  or selection.wants(co, scope, module) or (stub and now)):
             info = CodeInfo(co.co_qualname, co.co_filename, co.co_firstlineno, module, original=co)
             try:
                 new = _rewrite_or_arm(back, arm, co, info, msrc, scope, children)

@@ -213,17 +213,62 @@ def append(ops: list[_Op], keys: list, label_at: dict[Label, int], code: types.C
             j += 1
         ranges.append((at[i] // 2, at[j] // 2 if j < n else base, key))
         i = j
-    return _appended(code, tables, lay, ranges, place, stacksize)
+    return _appended(code, tables, (lay.code(), list(lay.ranges()), lay.label_off, lay.end),
+                     ranges, place, stacksize)
 
 
 def append_covering(code: types.CodeType, start: int, key: tuple, const_updates: dict[int, object],
                     tail: list[_Item], stacksize: int) -> types.CodeType:
     """``code`` with its own instructions as they are, those from code unit
     ``start`` on under the one exception-table entry ``key``, and ``tail``
-    laid out after them (flat armed code: ``_flat``)."""
-    tables, lay, tail, base = _tail_laid_out(code, const_updates, tail)
-    place = {label: base + off for label, off in lay.label_off.items()}
-    return _appended(code, tables, lay, [(start, base, key)], place, stacksize)
+    laid out after them (flat armed code: ``_flat``).  ``tail``'s labels and
+    chunks are the same objects for every code object (``_core``'s flat
+    trap): it is laid out once per the table indices it uses."""
+    try:
+        tables = _tables(code, const_updates, tail)
+    except _Expand:  # (its constants or names past a byte: laid out as in ``append``)
+        tables, lay, tail, base = _tail_laid_out(code, const_updates, tail)
+        laid = (lay.code(), list(lay.ranges()), lay.label_off, lay.end)
+    else:
+        signature = _signature(tail, tables)
+        laid = _COVERING_TAILS.get(signature)  # type: ignore[assignment]
+        if laid is None:
+            lay = _Layout(tail, tables)
+            laid = (lay.code(), list(lay.ranges()), lay.label_off, lay.end)
+            if len(_COVERING_TAILS) >= 1024:  # (~1 MB: begun again)
+                _COVERING_TAILS.clear()
+            _COVERING_TAILS[signature] = laid
+    base = len(code.co_code) // 2
+    place = {label: base + off for label, off in laid[2].items()}
+    return _appended(code, tables, laid, [(start, base, key)], place, stacksize)
+
+
+#: a tail ``append_covering`` laid out, per ``_signature``: its code, its
+#: exception ranges, where its labels are, its length in code units
+_COVERING_TAILS: dict[tuple, tuple[bytes, list, dict, int]] = {}
+
+
+def _signature(tail: list[_Item], tables: _Tables) -> tuple:
+    """What the layout of ``tail`` depends on: each item's label, chunk
+    (with its code, the tables' indices filled in) or instruction (its
+    argument as encoded, an index into the tables looked up as ``_Layout``
+    does: in the order it does), and exception-table entry."""
+    out: list = []
+    for it in tail:
+        if it.label is not None:
+            out.append(id(it.label))
+        elif it.chunk is not None:
+            chunk = it.chunk
+            out.append((id(chunk.fallback), chunk.entry, chunk.shape,
+                        bytes(tables.chunk_code(chunk.shape))))
+        else:
+            instr = it.instr
+            kind = _KINDS.get(id(instr))
+            if kind is None or kind[0] is not instr:
+                kind = _kind(instr)
+            _, opcode, how, arg = kind
+            out.append((opcode, tables.index(how, arg) if how != _PLAIN else arg, it.key))
+    return tuple(out)
 
 
 def _tail_laid_out(code: types.CodeType, const_updates: dict[int, object],
@@ -239,21 +284,23 @@ def _tail_laid_out(code: types.CodeType, const_updates: dict[int, object],
     return tables, _Layout(tail, tables), tail, len(code.co_code) // 2
 
 
-def _appended(code: types.CodeType, tables: _Tables, lay: _Layout, ranges: list,
-              place: dict, stacksize: int) -> types.CodeType:
-    """``code`` and its tail (``lay``), the own instructions' exception-table
-    ``ranges`` (code units) first, the tail's after them."""
+def _appended(code: types.CodeType, tables: _Tables, laid: tuple[bytes, list, dict, int],
+              ranges: list, place: dict, stacksize: int) -> types.CodeType:
+    """``code`` and its tail (``laid``: its code, exception ranges, labels
+    and length), the own instructions' exception-table ``ranges`` (code
+    units) first, the tail's after them."""
+    tail_code, tail_ranges, _, end = laid
     base = len(code.co_code) // 2
-    ranges += [(start + base, stop + base, key) for start, stop, key in lay.ranges()]
+    ranges += [(start + base, stop + base, key) for start, stop, key in tail_ranges]
     # (a target that is an int: a place in the tail's chunks; a label: placed above)
     table = _exception_table(ranges, lambda target: target + base if type(target) is int
                              else place[target])
     lines = bytearray(code.co_linetable)
-    full, rest = divmod(lay.end, 8)  # ("no location" entries of 8 units, then the rest)
+    full, rest = divmod(end, 8)  # ("no location" entries of 8 units, then the rest)
     lines += bytes((0x80 | _NO_LOCATION << 3 | 7,)) * full
     if rest:
         lines.append(0x80 | _NO_LOCATION << 3 | (rest - 1))
-    return code.replace(co_code=code.co_code + lay.code(), co_consts=tuple(tables.consts),
+    return code.replace(co_code=code.co_code + tail_code, co_consts=tuple(tables.consts),
                         co_names=tuple(tables.names), co_exceptiontable=table,
                         co_linetable=bytes(lines), co_stacksize=stacksize)
 

@@ -403,12 +403,11 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     index = msrc.statements(scope)
     start = flat_start(code, index) if _FLAT else None
     if start is not None:  # (``_flat``: one trap, every instruction pointed at it)
-        trap = Label()
-        tail = _trap_tail(info, {(0, None): trap}, lambda entry: ())
+        tail = _trap_tail(info, {(0, None): _FLAT_TRAP}, lambda entry: (), _FLAT_FALLBACK)
         updates = {i: replace_consts[id(c)] for i, c in enumerate(code.co_consts)
                    if type(c) is types.CodeType and replace_consts and id(c) in replace_consts}
         info.armed = True
-        return append_covering(code, start, (trap, True, 0), updates, tail,
+        return append_covering(code, start, (_FLAT_TRAP, True, 0), updates, tail,
                                max(code.co_stacksize, stub_peak(0)))
     p = _runs_of(code, msrc, scope, replace_consts, index=index)
     traps: dict[tuple, Label] = {}
@@ -443,10 +442,18 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     return new
 
 
-def _trap_tail(info: CodeInfo, traps: dict[tuple, Label], guards_of) -> list[_Item]:
+#: the labels of flat armed code's one trap and of its stub part's fallback
+#: (the same objects in every flat code object: ``append_covering`` lays its
+#: tail out once)
+_FLAT_TRAP, _FLAT_FALLBACK = Label(), Label()
+
+
+def _trap_tail(info: CodeInfo, traps: dict[tuple, Label], guards_of,
+               fallback: Label | None = None) -> list[_Item]:
     """Armed code's tail: a trap per (base depth, handler entry) of
     ``traps``, at its label, its guards (``guards_of(entry)``) in
-    ``info.traps``."""
+    ``info.traps`` (``fallback``: the label of its stub part's fallback, a
+    new one for each trap where None)."""
     tail = [_Item(_instr("NOP", loc=_NOWHERE), None)]  # (as ``emit``'s)
     info.traps = []
     for (base, entry), label in traps.items():
@@ -457,7 +464,7 @@ def _trap_tail(info: CodeInfo, traps: dict[tuple, Label], guards_of) -> list[_It
         info.traps.append(guards)
         # (bytecode's InstrArg has no type for a constant's value)
         tail.append(_Item(Instr("LOAD_CONST", mark, location=_NOWHERE), None))  # type: ignore[arg-type]
-        tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), Label(), entry)))
+        tail.append(_Item(chunk=_Chunk((base, False, own, P_UPGRADE), fallback or Label(), entry)))
         tail += _reraise(entry)  # (whatever the upgrade did not take over)
     return tail
 
