@@ -651,6 +651,31 @@ def test_flat_code_is_armed_as_its_runs_would_arm_it(module, monkeypatch):
     assert flat >= total // 4, (flat, total)
 
 
+@pytest.mark.parametrize("module", ["argparse", "email._header_value_parser", "deep"])
+def test_locating_statements_in_order_finds_what_lookup_finds(module):
+    # ``StatementIndex.locate`` tries the simple statements in source order
+    # from the one found last (the flat walk's lookups): at every position of
+    # every code object, in instruction order, the statement ``lookup``
+    # finds, and its own span
+    from daifu.cells._source import ModuleSource
+
+    source, filename = _module_source(module)
+    msrc = ModuleSource(source, filename, ast.parse(source, filename))
+    checked = 0
+    for code in _codes(compile(source, filename, "exec", dont_inherit=True)):
+        scope = msrc.scope_for(code)
+        if scope is None:
+            continue
+        by_lookup, by_locate = msrc.statements(scope), msrc.statements(scope)
+        for pos in code.co_positions():
+            stmt, located = by_lookup.lookup(pos), by_locate.locate(pos)
+            assert (stmt is None and located is None) or (
+                located is not None and located[0] is stmt
+                and located[1:] == by_lookup.own_span(stmt)), (code.co_qualname, pos)
+            checked += stmt is not None
+    assert checked > 200
+
+
 @pytest.mark.parametrize("module", ["argparse", "typing"])
 def test_a_flat_trap_laid_out_once_is_the_one_laid_out_for_each_code(module, monkeypatch):
     # flat code's tail is laid out once per the table indices it uses
@@ -739,12 +764,13 @@ def test_the_module_tree_is_freed_before_the_collector_is_back(monkeypatch):
     def spy():
         with real():
             yield
-            alive.append(sum(1 for o in gc.get_objects(0) if isinstance(o, ast.Name)))
+            alive.append(sum(1 for o in gc.get_objects(0)
+                             if isinstance(o, ast.Name) and o.id.startswith("freed_")))
 
     monkeypatch.setattr(_transform, "_collector_paused", spy)
     monkeypatch.setattr(options, "cache", None)
     monkeypatch.setattr(options, "strict", False)  # (strict: rewritten now, the tree kept)
-    body = "".join(f"v{i} = w{i} = {i}\n" for i in range(500))
+    body = "".join(f"freed_v{i} = freed_w{i} = {i}\n" for i in range(500))
     vaccinate_source(body, "tree_freed.py", Selection(("**",), True, armed=True))
     assert alive == [0]
 

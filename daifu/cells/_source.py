@@ -109,6 +109,11 @@ class StatementIndex:
         #: position inside a statement without statements of its own is that
         #: statement's (the bisection, for a run of instructions, once)
         self._last: tuple[tuple[int, int, int, int], ast.stmt] | None = None
+        #: the simple statements (no statement nested in them), in source
+        #: order, with their spans; where ``locate`` found one last
+        self._simple: list[tuple[tuple[int, int, int, int], ast.stmt]] | None = None
+        self._simple_starts: list[tuple[int, int]] = []
+        self._at = 0
 
     def _level(self, key: int, node) -> tuple[list, list, list[ast.stmt]]:
         """The statements nested directly in ``node`` (a statement, its
@@ -139,6 +144,36 @@ class StatementIndex:
         if found is not None and not self._level(id(found), found)[2]:  # (a simple one)
             self._last = (_span(found), found)
         return found
+
+    def locate(self, pos: Position) -> tuple | None:
+        """``lookup(pos)`` and where that statement's own part is
+        (``own_span``): ``(statement, line, column, end line, end column)``,
+        or None.  The simple statements are tried in source order first,
+        from the one found last (a walk along a code object's instructions
+        meets them in that order): no bisection for most statements."""
+        if None not in pos:
+            seq = self._simple
+            if seq is None:
+                seq = self._simple = sorted(
+                    ((_span(st), st) for st in _simple_statements(self.body)),
+                    key=lambda item: item[0][:2])
+                self._simple_starts = [span[:2] for span, _ in seq]
+            line, end_line, col, end_col = cast("tuple[int, int, int, int]", pos)
+            for k in (self._at, self._at + 1):
+                if k < len(seq):
+                    (s_line, s_col, e_line, e_col), stmt = seq[k]
+                    if (s_line < line or s_line == line and s_col <= col) \
+                            and (end_line < e_line or end_line == e_line and end_col <= e_col):
+                        self._at = k
+                        return (stmt, s_line, s_col, e_line, e_col)
+        found = self.lookup(pos)
+        if found is None:
+            return None
+        own = self.own_span(found)
+        if self._simple is not None and self._last is not None and self._last[1] is found:
+            # (a simple one: the walk goes on from it)
+            self._at = max(0, bisect.bisect_right(self._simple_starts, own[:2]) - 1)
+        return (found, *own)
 
     def own_span(self, stmt: ast.stmt) -> tuple[int, int, int, int]:
         """Where ``stmt`` starts, and where the part of it that is its own
@@ -199,6 +234,18 @@ class StatementIndex:
             found = stmts[i]
             starts, spans, stmts = self._level(id(found), found)
         return found
+
+
+def _simple_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of ``body`` and those nested in them (not in a nested
+    scope) that have none nested in them."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if _block_fields(type(node)) == _SIMPLE:
+            yield node
+        else:
+            stack.extend(st for block in _child_blocks(node) for st in block)
 
 
 def _in_block(stmt: ast.stmt, block: list[ast.stmt]) -> bool:

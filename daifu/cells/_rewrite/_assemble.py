@@ -153,24 +153,17 @@ def _exception_table(ranges, place) -> bytes:
     table = bytearray()
     append = table.append
     for start, stop, (target, lasti, depth) in _merged(ranges):
-        # (each item one byte, mostly: written at once; ``_varint`` otherwise)
-        size, where, how = stop - start, place(target), depth << 1 | int(lasti)
-        if start < 0x40 and size < 0x40 and where < 0x40 and how < 0x40:
-            append(start | 0x80)
-            append(size)
-            append(where)
-            append(how)
-            continue
-        # (the others: each item that fits in one byte written at once)
-        if start < 0x40:
-            append(start | 0x80)
-        else:
-            _varint(table, start, 0x80)
-        for value in (size, where, how):
+        # (each item in one or two bytes, mostly: written at once;
+        # ``_varint`` otherwise)
+        for value, msb in ((start, 0x80), (stop - start, 0), (place(target), 0),
+                           (depth << 1 | int(lasti), 0)):
             if value < 0x40:
-                append(value)
+                append(value | msb)
+            elif value < 0x1000:
+                append((value >> 6) | 0x40 | msb)
+                append(value & 0x3F)
             else:
-                _varint(table, value, 0)
+                _varint(table, value, msb)
     return bytes(table)
 
 

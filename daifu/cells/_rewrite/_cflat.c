@@ -8,8 +8,8 @@
  * functions cost at its first start.  This is the same walk through the C
  * API: the same opcode tables (``setup``, given by ``_flat`` from the
  * ``_decode`` tables), CPython's own stack effects, the code's positions,
- * and the statement index's ``lookup`` and ``own_span`` (Python calls, once
- * per statement).  ``tests/test_transform.py`` checks that it answers as
+ * and the statement index's ``locate`` (a Python call, once per
+ * statement).  ``tests/test_transform.py`` checks that it answers as
  * the Python ``flat_start`` does for every code object of the standard
  * library.
  *
@@ -29,7 +29,7 @@
 static unsigned char flags[256], caches[256];
 static int resume_op = -1, extended_arg_op = -1;
 static long not_flat_flags;
-static PyObject *s_lookup, *s_own_span;
+static PyObject *s_locate;
 
 /* the four ints of ``t`` (a position or a span); 0 where one is None or
  * not an int (``*known`` cleared), -1 with an error set */
@@ -213,21 +213,30 @@ flat_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_XSETREF(stmt, Py_NewRef(cur));
             }
             else {
-                PyObject *found_stmt = PyObject_CallMethodOneArg(index, s_lookup, pos);
-                if (found_stmt == NULL) {
+                PyObject *located = PyObject_CallMethodOneArg(index, s_locate, pos);
+                if (located == NULL) {
                     goto done;
                 }
-                Py_XSETREF(stmt, found_stmt);
-                if (stmt != Py_None) {
-                    found = 1;
-                    Py_XSETREF(cur, Py_NewRef(stmt));
-                    PyObject *own = PyObject_CallMethodOneArg(index, s_own_span, stmt);
+                if (located == Py_None) {
+                    Py_XSETREF(stmt, located);
+                }
+                else {
+                    if (!PyTuple_Check(located) || PyTuple_GET_SIZE(located) != 5) {
+                        Py_DECREF(located);
+                        goto no;
+                    }
+                    PyObject *own = PyTuple_GetSlice(located, 1, 5);
                     if (own == NULL) {
+                        Py_DECREF(located);
                         goto done;
                     }
                     int whole;
                     int bad = four_ints(own, span, &whole);
                     Py_DECREF(own);
+                    found = 1;
+                    Py_XSETREF(stmt, Py_NewRef(PyTuple_GET_ITEM(located, 0)));
+                    Py_XSETREF(cur, Py_NewRef(stmt));
+                    Py_DECREF(located);
                     if (bad < 0) {
                         goto done;
                     }
@@ -329,9 +338,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__cflat(void)
 {
-    s_lookup = PyUnicode_InternFromString("lookup");
-    s_own_span = PyUnicode_InternFromString("own_span");
-    if (s_lookup == NULL || s_own_span == NULL) {
+    s_locate = PyUnicode_InternFromString("locate");
+    if (s_locate == NULL) {
         return NULL;
     }
     return PyModule_Create(&module);

@@ -64,9 +64,9 @@ def _after_prologue(code: types.CodeType) -> int | None:
 
 
 class _Statements:
-    """The statement of each position (``index.lookup``), the one found
-    last remembered with its own span (``own_span``): most instructions are
-    in the statement of the one before them."""
+    """The statement of each position (``index.locate``), the one found
+    last remembered with its own span: most instructions are in the
+    statement of the one before them."""
 
     __slots__ = ("index", "cur", "span", "found")
 
@@ -80,10 +80,11 @@ class _Statements:
                 and (s_line < line or s_line == line and s_col <= col) \
                 and (end_line < e_line or end_line == e_line and end_col <= e_col):
             return self.cur
-        stmt = self.index.lookup(pos)
-        if stmt is not None:
-            self.found, self.cur, self.span = True, stmt, self.index.own_span(stmt)
-        return stmt
+        found = self.index.locate(pos)
+        if found is None:
+            return None
+        self.found, self.cur, self.span = True, found[0], found[1:]
+        return self.cur
 
 
 def _stack_effect(op: int, arg: int, has_arg: bool, jump: bool) -> int:
