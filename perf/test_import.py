@@ -365,17 +365,18 @@ def _run(argv: list[str], env: dict, tmp: Path) -> tuple[float, float]:
 
 #: issue 33.3's workloads: name, program, daifu's options, and the targets of
 #: the first start's time and peak RSS and of the later starts' time (a
-#: target not met yet is reported, not asserted).  The programs run with
+#: target not met yet, or met at the edge of this machine's noise, is
+#: reported, not asserted).  The programs run with
 #: ``PYTHONDONTWRITEBYTECODE=1``, daifu's own ``.pyc`` files written (as pip
 #: writes them).
 COLD = [
     ("print('hello')", "print('hello')\n", [],
      "<= 1.5x plain (not met)", "", "<= 2x plain (not met)"),
     ("600 small functions, each called once", None, [],
-     "<= 4x plain (not met)", "", "<= 2x plain"),
+     "<= 4x plain", "", "<= 2x plain"),
     ("3000 module-level statements", "".join(f"v{i} = {i} * 2 + len('abc')\n"
                                               for i in range(3000)) + "print(v2999)\n", [],
-     "<= 3x plain (not met)", "<= 1.3x plain (not met)", "<= 2x plain"),
+     "<= 3x plain (at the edge)", "<= 1.3x plain (not met)", "<= 2x plain"),
     ("import networkx, --modules 'networkx.*'", "import networkx\nprint(networkx.__version__)\n",
      ["--modules", "networkx.*"], "", "", ""),
 ]
@@ -423,3 +424,5 @@ def test_cold_start(tmp_path, case):
            warm_target, f"{w_s / p_s:.1f}x plain; peak RSS {w_mb:.0f} MB")
     if ASSERT and warm_target == "<= 2x plain":
         assert w_s / p_s <= 2.0, (name, "later starts", w_s / p_s)
+    if ASSERT and time_target == "<= 4x plain":  # (a target met with room: asserted)
+        assert c_s / p_s <= 4.0, (name, "first start", c_s / p_s)
