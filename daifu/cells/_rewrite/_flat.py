@@ -30,6 +30,7 @@ from typing import Any
 
 from ._decode import _BACKWARD, _FORWARD, _TABLE
 from ._ops import _EXTENDED_ARG, _MACHINERY, _TERMINAL
+from ._readback import _decode as _read
 
 _NOT_FLAT_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutines, async generator
 _RESUME = dis.opmap["RESUME"]
@@ -115,12 +116,10 @@ def py_flat_start(code: types.CodeType, index) -> int | None:
     depth: int | None = 0  # (None: unreachable from above)
     while u < units:
         at = u
-        op, arg = raw[2 * u], raw[2 * u + 1]
-        while op == _EXTENDED_ARG:
-            u += 1
-            if u >= units:
-                return None
-            op, arg = raw[2 * u], (arg << 8) | raw[2 * u + 1]
+        try:
+            op, arg, after = _read(raw, 2 * at)
+        except IndexError:  # (a prefix at the end: never compiled by CPython)
+            return None
         if op in _REFUSED:
             return None
         landed = depth_at.get(at)
@@ -129,7 +128,8 @@ def py_flat_start(code: types.CodeType, index) -> int | None:
                 return None
             depth = landed
         _, has_arg, _, jump, caches = _TABLE[op]
-        nxt = u + 1 + caches
+        nxt = after // 2
+        u = nxt - 1 - caches  # (the instruction's own unit, after its prefixes)
         if depth is None:  # (dead code: never run)
             u = nxt
             continue
