@@ -173,6 +173,7 @@ NOT_STATE = {
     "daifu.cells._source._ENTRY_ROLES": "a constant table (statement kinds)",
     "daifu.cells._source._BLOCK_FIELDS": "a cache: each statement class's nested blocks",
     "daifu.cells._versions.TABLE": "a constant table (what differs between versions)",
+    "daifu.cells._rewrite._flattail.TAILS": "a constant table (flat code's trap per version)",
     "daifu.engine._events.LEVELS": "a constant table (the log levels)",
     "daifu.engine._patches._APPLY": "a constant table (how each kind of patch is applied)",
     "daifu.hooks._commands.USAGE": "a constant table (the commands' usage lines)",

@@ -13,6 +13,7 @@ import ast
 import contextlib
 import dis
 import os
+import subprocess
 import sys
 import textwrap
 
@@ -715,6 +716,104 @@ def test_a_flat_trap_laid_out_once_is_the_one_laid_out_for_each_code(module, mon
         assert armed(code, scope) == fresh, code.co_qualname
         hits += len(_assemble._COVERING_TAILS) == before
     assert hits > 10
+
+
+def test_the_flat_trap_of_this_version_is_the_one_its_rewrite_lays_out():
+    # ``_flattail.TAILS``' entry of the running version (what ``_flat.arm``
+    # appends to flat code without ``bytecode``) is a fresh derivation's:
+    # a change to the stubs that does not renew it fails here
+    from daifu.cells._rewrite import _core, _flattail
+    from daifu.cells._rewrite._ops import PY
+
+    assert _flattail.TAILS.get(PY.python) == _core.flat_tail(), (
+        "renew the entry: python -m daifu.cells._rewrite._core")
+
+
+def _armed_fields(code, new):
+    added = tuple("mark" if type(c) is tuple and c[:1] == ("daifu.armed",) else c
+                  for c in new.co_consts[len(code.co_consts):])  # (its key: per info)
+    return (new.co_code, new.co_exceptiontable, new.co_linetable, new.co_names,
+            new.co_consts[:len(code.co_consts)], new.co_stacksize, added)
+
+
+@pytest.mark.parametrize("module", ["argparse", "typing", "email._header_value_parser", "deep"])
+def test_flat_code_armed_without_bytecode_is_armed_as_the_rewrite_arms_it(module):
+    # the package's ``arm`` arms flat code with ``_flat.arm``, its trap laid
+    # out from the version's entry: byte for byte what ``_core.arm`` makes of
+    # the same code (its tables, exception table, line table, stack size;
+    # the trap's guards); code that is not flat is ``_core.arm``'s own
+    from daifu.cells import _rewrite
+    from daifu.cells._cell import CodeInfo
+    from daifu.cells._rewrite import _core, _flat
+    from daifu.cells._source import ModuleSource
+
+    source, filename = _module_source(module)
+    tree = ast.parse(source, filename)
+    msrc = ModuleSource(source, filename, tree)
+    flat = 0
+    for code in _codes(compile(tree, filename, "exec", dont_inherit=True)):
+        scope = msrc.scope_for(code)
+        if scope is None:
+            continue
+        got = []
+        for arm in (_rewrite.arm, _core.arm):
+            info = CodeInfo(code.co_qualname, filename, code.co_firstlineno, None,
+                            original=code)
+            try:
+                new = arm(code, info, msrc, scope, {})
+            except (_core.Unsupported, _core.NothingToProtect) as exc:
+                got.append(repr(exc))
+            else:
+                got.append((_armed_fields(code, new), repr(info.traps), info.armed))
+        assert got[0] == got[1], code.co_qualname
+        flat += _flat.flat_start(code, msrc.statements(scope)) is not None
+    assert flat >= (1 if module == "deep" else 10)
+
+
+def test_flat_code_with_a_table_past_a_byte_is_armed_by_the_rewrite():
+    # an index of the trap's past one byte (a module of 300 names): the
+    # laid-out trap does not fit; ``_core.arm`` lays it out (EXTENDED_ARG)
+    from daifu.cells import _rewrite
+    from daifu.cells._cell import CodeInfo
+    from daifu.cells._rewrite import _core, _flat
+    from daifu.cells._source import ModuleSource
+
+    source = "".join(f"v{i} = w{i}\n" for i in range(300))
+    msrc = ModuleSource(source, "<wide>", ast.parse(source))
+    code = compile(source, "<wide>", "exec")
+    scope = msrc.scope_for(code)
+    assert _flat.flat_start(code, msrc.statements(scope)) is not None
+    assert _flat._covered(code, CodeInfo("m", "<wide>", 1, None, original=code), 1, None) is None
+    got = []
+    for arm in (_rewrite.arm, _core.arm):
+        info = CodeInfo("<module>", "<wide>", 1, None, original=code)
+        got.append(_armed_fields(code, arm(code, info, msrc, scope, {})))
+    assert got[0] == got[1]
+    ns: dict = {f"w{i}": i for i in range(300)}
+    exec(code, ns)
+    armed_ns: dict = {f"w{i}": i for i in range(300)}
+    exec(_rewrite.arm(code, CodeInfo("<module>", "<wide>", 1, None, original=code), msrc, scope),
+         armed_ns)
+    assert armed_ns["v299"] == ns["v299"] == 299
+
+
+def test_a_program_of_flat_code_starts_without_bytecode(tmp_path):
+    # a program whose code is all flat is armed without importing the
+    # ``bytecode`` library (or the rewrite): its first start does not pay
+    # for them; its crash still reaches the engine
+    script = tmp_path / "prog.py"
+    script.write_text("import sys\n"
+                      "def f(x):\n    return 1 / x\n"
+                      "print(sorted(m for m in sys.modules if m.startswith('bytecode')))\n"
+                      "print(f(2))\n"
+                      "print(f(0))\n")
+    env = {**os.environ, "DAIFU_CACHE": "0"}
+    out = subprocess.run([sys.executable, "-m", "daifu", str(script)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["[]", "0.5"], out.stdout + out.stderr
+    assert out.returncode != 0 and "ZeroDivisionError: division by zero" in out.stderr
+    assert '"statement": "return 1 / x"' in out.stderr and "crash.intercepted" in out.stderr
 
 
 def test_a_flat_function_crashes_into_its_own_frame_and_is_retried():

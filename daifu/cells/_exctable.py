@@ -59,3 +59,39 @@ def exception_entries(code: types.CodeType) -> list[Entry]:
         start, length, target, dl = values
         out.append(Entry(2 * start, 2 * (start + length), 2 * target, dl >> 1, bool(dl & 1)))
     return out
+
+
+def varint(out: bytearray, value: int, msb: int) -> None:
+    """One exception-table item: 6-bit groups, most significant first, bit 6
+    set on all but the last, ``msb`` (bit 7) on the first."""
+    if value < 0x40:
+        out.append(value | msb)
+        return
+    shift = 24
+    while shift and value < 1 << shift:
+        shift -= 6
+    while shift:
+        out.append(((value >> shift) & 0x3F) | 0x40 | msb)
+        msb = 0
+        shift -= 6
+    out.append((value & 0x3F) | msb)
+
+
+def encode(entries) -> bytes:
+    """An exception table of ``(start, stop, target, depth, lasti)`` entries,
+    in code units (what ``exception_entries`` reads back, in bytes)."""
+    table = bytearray()
+    append = table.append
+    for start, stop, target, depth, lasti in entries:
+        # (each item in one or two bytes, mostly: written at once; ``varint``
+        # otherwise)
+        for value, msb in ((start, 0x80), (stop - start, 0), (target, 0),
+                           (depth << 1 | int(lasti), 0)):
+            if value < 0x40:
+                append(value | msb)
+            elif value < 0x1000:
+                append((value >> 6) | 0x40 | msb)
+                append(value & 0x3F)
+            else:
+                varint(table, value, msb)
+    return bytes(table)

@@ -31,7 +31,7 @@ itself holds only frame access; reading rewritten code back (``_readback``)
 and the rewrite (``_core``, with the ``bytecode`` library) are imported on
 first use of any of their names: a start whose modules all come from the
 code cache never imports ``bytecode``, nor does an exception the program
-handles.
+handles, nor does arming code that is all flat (``_flat.arm``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ _FRAMES = frozenset({"called_from_c", "read_locals", "running_function", "swap_c
                      "write_locals"})
 _LAZY = frozenset({"Continuation", "NothingToProtect", "Unsupported", "c_passes_through",
                    "chain_for_code", "effects", "has_except_handler", "returns_truthy",
-                   "rewrite", "plan", "emit", "assemble", "Plan", "arm"})
+                   "rewrite", "plan", "emit", "assemble", "Plan"})
 #: reading rewritten code back, without ``bytecode`` (``_readback``)
 _READBACK = frozenset({"armed_end", "cell_ranges", "lasti_offset", "trap_at", "trap_path"})
 
@@ -64,6 +64,18 @@ __all__ = ["PYTHON", "Continuation", "NothingToProtect", "Unsupported", "arm", "
            "c_passes_through", "cell_ranges", "chain_for_code", "effects", "has_except_handler",
            "lasti_offset", "read_locals", "returns_truthy", "rewrite", "running_function",
            "swap_code", "trap_at", "trap_path", "write_locals"]
+
+
+def arm(code, info, msrc, scope, replace_consts=None):
+    """``_core.arm``; flat code armed by ``_flat.arm``, without ``bytecode``."""
+    from . import _flat  # lazy: 2.1 ms
+
+    new, walked = _flat.arm(code, info, msrc, scope, replace_consts)
+    if new is not None:
+        return new
+    from . import _core  # lazy: 59.3 ms
+
+    return _core.arm(code, info, msrc, scope, replace_consts, walked=walked)
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,8 @@ from typing import Any
 from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG2_OPCODES, BITFLAG_OPCODES
 
-from ._ops import _TERMINAL, PY, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
+from ._ops import PY, Unsupported, _int_arg, _label_arg, _Op, _pushed_nulls
+from ._opsets import _TERMINAL
 
 
 def _flatten(bc: Bytecode) -> tuple[list[_Op], dict[Label, int]]:

@@ -11,6 +11,7 @@ from typing import cast
 from bytecode import Compare, Label, TryBegin, TryEnd
 from bytecode.instr import BITFLAG_OPCODES, UNSET
 
+from .._exctable import encode
 from ._emit import _NOWHERE, _Chunk, _group_items, _Item
 from ._ops import _EXTENDED_ARG, PY, _Op
 from ._readback import _CACHES
@@ -76,22 +77,6 @@ def _ext(arg: int) -> int:
     return 0 if arg < 0x100 else 1 if arg < 0x10000 else 2 if arg < 0x1000000 else 3
 
 
-def _varint(out: bytearray, value: int, msb: int) -> None:
-    """One exception-table item: 6-bit groups, most significant first, bit 6
-    set on all but the last, ``msb`` (bit 7) on the first."""
-    if value < 0x40:
-        out.append(value | msb)
-        return
-    shift = 24
-    while shift and value < 1 << shift:
-        shift -= 6
-    while shift:
-        out.append(((value >> shift) & 0x3F) | 0x40 | msb)
-        msb = 0
-        shift -= 6
-    out.append((value & 0x3F) | msb)
-
-
 def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],
            stacksize: int) -> types.CodeType:
     """Assemble ``items`` into a new version of ``code``: its code, exception
@@ -150,21 +135,8 @@ def _tables(code: types.CodeType, const_updates: dict[int, object],
 def _exception_table(ranges, place) -> bytes:
     """The exception table of (start, stop, (target, lasti, depth)) ranges,
     ``place(target)`` the code unit of a target."""
-    table = bytearray()
-    append = table.append
-    for start, stop, (target, lasti, depth) in _merged(ranges):
-        # (each item in one or two bytes, mostly: written at once;
-        # ``_varint`` otherwise)
-        for value, msb in ((start, 0x80), (stop - start, 0), (place(target), 0),
-                           (depth << 1 | int(lasti), 0)):
-            if value < 0x40:
-                append(value | msb)
-            elif value < 0x1000:
-                append((value >> 6) | 0x40 | msb)
-                append(value & 0x3F)
-            else:
-                _varint(table, value, msb)
-    return bytes(table)
+    return encode((start, stop, place(target), depth, lasti)
+                  for start, stop, (target, lasti, depth) in _merged(ranges))
 
 
 def _splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],

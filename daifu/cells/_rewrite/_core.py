@@ -9,6 +9,7 @@ from bytecode import Bytecode, Instr, Label
 
 from ..._record import field, record
 from .._cell import ARMED_MARK, P_UPGRADE, Cell, CodeInfo, WithGuard, discard, own_test
+from .._exctable import exception_entries
 from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
 from ._assemble import (
@@ -390,18 +391,20 @@ def _owners(p: Plan) -> list[_Run | None]:
 
 
 def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
-        replace_consts: dict | None = None) -> types.CodeType:
+        replace_consts: dict | None = None, walked: bool = False) -> types.CodeType:
     """Armed code (``cells._armed``): the original instructions, each cell's
     pointed at a *trap* shared by the cells of one base depth and handler --
     the shared part of a vaccinated group's stub (``_group_items``), which
     calls the upgrade instead of the barrier -- and nothing else.  Its
     vaccinated code (``rewrite``, the same instructions at the same offsets)
     is made when an exception first reaches a trap.  ``info`` stays without
-    cells till then.  Raises ``Unsupported`` (a generator: rewrite it now)."""
+    cells till then.  Raises ``Unsupported`` (a generator: rewrite it now).
+    ``walked``: ``_flat.arm`` found that ``code`` is not flat.  (The package's
+    ``arm`` is ``_flat.arm``: this is what it does not do itself.)"""
     if code.co_flags & 0x20:
         raise Unsupported("a generator's frame is not upgraded: vaccinated at once")
     index = msrc.statements(scope)
-    start = flat_start(code, index) if _FLAT else None
+    start = flat_start(code, index) if _FLAT and not walked else None
     if start is not None:  # (``_flat``: one trap, every instruction pointed at it)
         tail = _trap_tail(info, {(0, None): _FLAT_TRAP}, lambda entry: (), _FLAT_FALLBACK)
         updates = {i: replace_consts[id(c)] for i, c in enumerate(code.co_consts)
@@ -446,6 +449,43 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
 #: (the same objects in every flat code object: ``append_covering`` lays its
 #: tail out once)
 _FLAT_TRAP, _FLAT_FALLBACK = Label(), Label()
+
+
+def flat_tail() -> tuple:
+    """This version's entry of ``_flattail.TAILS``: the trap ``arm`` lays out
+    after flat code, read off two layouts after code whose tables differ
+    only in what they held before the trap's (one constant and one name, or
+    five and nine): an index of the trap's that moves by 4 is a constant's,
+    by 8 a name's, by 16 a name's with its flag bit."""
+    layouts = []
+    base = compile("x = y\n", "<flat>", "exec")
+    for n_consts, n_names in ((1, 1), (5, 9)):
+        code = base.replace(co_consts=tuple(object() for _ in range(n_consts)),
+                            co_names=tuple(f"\0{i}" for i in range(n_names)))
+        info = CodeInfo("<module>", "<flat>", 1, None, original=code)
+        tail = _trap_tail(info, {(0, None): _FLAT_TRAP}, lambda entry: (), _FLAT_FALLBACK)
+        new = append_covering(code, 1, (_FLAT_TRAP, True, 0), {}, tail, stub_peak(0))
+        assert info.traps == [()]
+        layouts.append((new, (ARMED_MARK, info.key, 0), n_consts, n_names))
+    (one, mark, n_consts, n_names), (other, _, _, _) = layouts
+    at = len(base.co_code)
+    laid, slots = bytearray(one.co_code[at:]), []
+    for pos, (a, b) in enumerate(zip(laid, other.co_code[at:], strict=True)):
+        if a != b:
+            kind = {4: 0, 8: 1, 16: 2 + (a & 1)}[b - a]
+            slots.append((pos, kind, (a >> (kind >= 2)) - (n_consts if kind == 0 else n_names)))
+            laid[pos] = 0
+    consts = one.co_consts[n_consts:]
+    mark_at = consts.index(mark)
+    units = at // 2
+    entries = exception_entries(one)
+    assert (entries[0].start, entries[0].end, entries[0].depth, entries[0].lasti) \
+        == (2, at, 0, True)
+    ranges = tuple((e.start // 2 - units, e.end // 2 - units, e.target // 2 - units, e.depth,
+                    e.lasti) for e in entries[1:])
+    return (bytes(laid), tuple(slots), consts[:mark_at] + (None,) + consts[mark_at + 1:],
+            mark_at, one.co_names[n_names:], ranges, entries[0].target // 2 - units,
+            len(laid) // 2, stub_peak(0))
 
 
 def _trap_tail(info: CodeInfo, traps: dict[tuple, Label], guards_of,
@@ -537,3 +577,19 @@ def warm() -> None:
         pass
     finally:
         discard(info)
+
+
+if __name__ == "__main__":  # (the running version's entry of ``_flattail.TAILS``)
+    import pprint
+    import sys
+
+    code, *rest = flat_tail()
+    print(f"    {sys.version_info[:2]}: (")
+    print("        bytes.fromhex(")
+    for i in range(0, len(code), 44):
+        print(f'            "{code[i:i + 44].hex()}"')
+    print("        ),")
+    for item in rest:
+        print(" " * 8 + pprint.pformat(item, width=88, compact=True).replace("\n", "\n" + " " * 8)
+              + ",")
+    print("    ),")

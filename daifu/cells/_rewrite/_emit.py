@@ -26,7 +26,6 @@ from .._cell import (
 from ._ops import (
     _BACKWARD,
     _FORWARD_ONLY,
-    _TERMINAL,
     INLINED_CALLS,
     POP_JUMP_IF_FALSE,
     POP_JUMP_IF_NONE,
@@ -34,6 +33,7 @@ from ._ops import (
     PY,
     EntryKey,
 )
+from ._opsets import _TERMINAL
 from ._runs import _Run
 
 

@@ -26,11 +26,38 @@ import os
 import types
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
 
-from ._decode import _BACKWARD, _FORWARD, _TABLE
-from ._ops import _EXTENDED_ARG, _MACHINERY, _TERMINAL
+from .._cell import ARMED_MARK
+from .._exctable import encode
+from ._opsets import _MACHINERY, _TERMINAL, PY
+from ._readback import _CACHES
 from ._readback import _decode as _read
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from .._cell import CodeInfo
+    from .._source import ModuleSource
+
+_FORWARD, _BACKWARD, _ABSOLUTE = 1, 2, 3  # (``_decode``'s jump kinds)
+
+
+def _has_arg(op: int) -> bool:
+    return op in dis.hasarg if hasattr(dis, "hasarg") else op >= dis.HAVE_ARGUMENT
+
+
+def _jump(op: int) -> int:
+    if op in dis.hasjabs:
+        return _ABSOLUTE
+    if op in dis.hasjrel:
+        return _BACKWARD if "BACKWARD" in dis.opname[op] else _FORWARD
+    return 0
+
+
+#: per opcode: (name, has an argument, -, jump kind, CACHE units): the
+#: columns of ``_decode._TABLE`` the walk reads, from ``dis`` (the tests
+#: compare them with ``bytecode``'s)
+_TABLE = tuple((dis.opname[op], _has_arg(op), None, _jump(op), _CACHES[op]) for op in range(256))
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 
 _NOT_FLAT_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutines, async generator
 _RESUME = dis.opmap["RESUME"]
@@ -172,4 +199,87 @@ def _in_c():
 
 
 #: the walk ``_core.arm`` calls: in C where built, else ``py_flat_start``
-flat_start: Callable[[types.CodeType, Any], int | None] = _in_c() or py_flat_start
+flat_start: Callable[[types.CodeType, object], int | None] = _in_c() or py_flat_start
+
+
+def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
+        replace_consts: dict | None = None) -> tuple[types.CodeType | None, bool]:
+    """``code`` armed as ``_core.arm`` arms it if it is flat, its trap laid
+    out from this version's ``_flattail.TAILS`` entry -- without
+    ``bytecode``, which a start whose code is all flat never imports -- and
+    whether it was walked (None, False: a version without an entry, or a
+    generator; None, True: not flat; an index past one byte: None, False --
+    the package's ``arm`` asks ``_core.arm`` then)."""
+    if _TAIL is None or code.co_flags & 0x20:
+        return None, False
+    start = flat_start(code, msrc.statements(scope))
+    if start is None:
+        return None, True
+    return _covered(code, info, start, replace_consts), False
+
+
+def _covered(code: types.CodeType, info: CodeInfo, start: int,
+             replace_consts: dict | None) -> types.CodeType | None:
+    """``code`` with its instructions from code unit ``start`` on under one
+    exception-table entry to the trap ``_TAIL`` lays out after them (what
+    ``_assemble.append_covering`` makes of them, byte for byte); None where
+    an index of the trap's does not fit its byte."""
+    assert _TAIL is not None
+    tail, slots, new_consts, mark_at, new_names, ranges, trap, end, peak = _TAIL
+    consts = list(code.co_consts)
+    if replace_consts:
+        for i, c in enumerate(consts):
+            if type(c) is types.CodeType and id(c) in replace_consts:
+                consts[i] = replace_consts[id(c)]
+    # (the tables grow as ``_assemble._Tables`` grows them)
+    const_at: dict = {}
+    for i, value in enumerate(consts):
+        if value is None or type(value) in (int, str):
+            const_at.setdefault((type(value), value), i)
+    at_const = []
+    for k, value in enumerate(new_consts):
+        if k == mark_at:
+            value = (ARMED_MARK, info.key, 0)
+        at = const_at.get((type(value), value))
+        if at is None:
+            at = const_at[(type(value), value)] = len(consts)
+            consts.append(value)
+        at_const.append(at)
+    names = list(code.co_names)
+    name_at = {name: i for i, name in enumerate(names)}
+    at_name = []
+    for name in new_names:
+        at = name_at.get(name)
+        if at is None:
+            at = name_at[name] = len(names)
+            names.append(name)
+        at_name.append(at)
+    body = bytearray(tail)
+    for pos, kind, k in slots:
+        arg = at_const[k] if kind == 0 else at_name[k] if kind == 1 else at_name[k] << 1 | kind - 2
+        if arg > 0xFF:
+            return None
+        body[pos] = arg
+    base = len(code.co_code) // 2
+    table = encode([(start, base, base + trap, 0, True)]
+                   + [(s + base, e + base, t + base, d, lasti) for s, e, t, d, lasti in ranges])
+    lines = bytearray(code.co_linetable)
+    full, rest = divmod(end, 8)  # ("no location" entries of 8 units, then the rest)
+    lines += bytes((0x80 | 15 << 3 | 7,)) * full
+    if rest:
+        lines.append(0x80 | 15 << 3 | (rest - 1))
+    info.traps = [()]  # (one trap, no handler: no guard)
+    info.armed = True
+    return code.replace(co_code=code.co_code + body, co_consts=tuple(consts),
+                        co_names=tuple(names), co_exceptiontable=table,
+                        co_linetable=bytes(lines), co_stacksize=max(code.co_stacksize, peak))
+
+
+def _tail() -> tuple | None:
+    from ._flattail import TAILS  # lazy: 0.1 ms
+
+    return TAILS.get(PY.python)
+
+
+#: this version's flat trap, laid out (``_flattail``); None: none is known
+_TAIL = _tail()

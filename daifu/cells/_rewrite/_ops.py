@@ -8,11 +8,7 @@ from typing import Any, cast
 
 from bytecode import Instr, Label
 
-from .._versions import current
-
-#: the running interpreter's behaviours (``_dispatch`` imports this package
-#: only for a supported version)
-PY = current()
+from ._opsets import PY
 
 _CO_OPTIMIZED = 0x1
 _LOAD_CONST = dis.opmap["LOAD_CONST"]
@@ -58,34 +54,6 @@ def _label_arg(instr: Instr) -> Label:
 INLINED_CALLS = frozenset({"BINARY_SUBSCR", "CALL", "CALL_KW", "CALL_FUNCTION_EX", "FOR_ITER",
                            "LOAD_ATTR", "SEND"})
 
-# The exception-handling machinery: never part of a cell.
-_MACHINERY = frozenset(
-    {
-        "PUSH_EXC_INFO",
-        "POP_EXCEPT",
-        "CHECK_EXC_MATCH",
-        "CHECK_EG_MATCH",
-        "WITH_EXCEPT_START",
-        "RERAISE",
-        "END_ASYNC_FOR",
-        "RETURN_GENERATOR",
-        "COPY_FREE_VARS",
-        "MAKE_CELL",
-        *PY.machinery,
-    }
-)
-# No fall-through to the next instruction.
-_TERMINAL = frozenset(
-    {
-        "RETURN_VALUE",
-        "RETURN_CONST",
-        "RAISE_VARARGS",
-        "RERAISE",
-        "JUMP_FORWARD",
-        "JUMP_BACKWARD",
-        "JUMP_BACKWARD_NO_INTERRUPT",
-    }
-)
 _CONDITIONS = ("TRUE", "FALSE", "NONE", "NOT_NONE")
 # 3.11 has backward conditional jumps; 3.12+ only forward ones: a retry copy
 # (after the original code) leaves through a forward jump to a trampoline

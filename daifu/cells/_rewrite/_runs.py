@@ -11,7 +11,8 @@ from ..._record import field, record
 from .._cell import Cell
 from .._source import ModuleSource
 from ._analysis import _effect
-from ._ops import _MACHINERY, _TERMINAL, INLINED_CALLS, PY, EntryKey, _label_arg, _Op
+from ._ops import INLINED_CALLS, PY, EntryKey, _label_arg, _Op
+from ._opsets import _MACHINERY, _TERMINAL
 
 if TYPE_CHECKING:
     import ast
