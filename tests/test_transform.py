@@ -770,31 +770,43 @@ def test_flat_code_armed_without_bytecode_is_armed_as_the_rewrite_arms_it(module
     assert flat >= (1 if module == "deep" else 10)
 
 
-def test_flat_code_with_a_table_past_a_byte_is_armed_by_the_rewrite():
-    # an index of the trap's past one byte (a module of 300 names): the
-    # laid-out trap does not fit; ``_core.arm`` lays it out (EXTENDED_ARG)
+@pytest.mark.parametrize("tables", ["names: 300", "names: 70000", "constants: 230-262"])
+def test_flat_code_with_tables_past_a_byte_is_armed_as_the_rewrite_arms_it(tables):
+    # a module of 300 names (or 70,000: two prefixes) puts the trap's names
+    # past a byte: its instructions take EXTENDED_ARG prefixes, its jumps
+    # move and its tables grow in its instructions' order; 230 to 262
+    # constants put its mark alone past a byte, then its shared part's
+    # constants too.  Laid out by ``_flat`` as ``_core.arm`` lays it out, and
+    # run as the original runs
     from daifu.cells import _rewrite
     from daifu.cells._cell import CodeInfo
     from daifu.cells._rewrite import _core, _flat
     from daifu.cells._source import ModuleSource
 
-    source = "".join(f"v{i} = w{i}\n" for i in range(300))
-    msrc = ModuleSource(source, "<wide>", ast.parse(source))
-    code = compile(source, "<wide>", "exec")
-    scope = msrc.scope_for(code)
-    assert _flat.flat_start(code, msrc.statements(scope)) is not None
-    assert _flat._covered(code, CodeInfo("m", "<wide>", 1, None, original=code), 1, None) is None
-    got = []
-    for arm in (_rewrite.arm, _core.arm):
-        info = CodeInfo("<module>", "<wide>", 1, None, original=code)
-        got.append(_armed_fields(code, arm(code, info, msrc, scope, {})))
-    assert got[0] == got[1]
-    ns: dict = {f"w{i}": i for i in range(300)}
-    exec(code, ns)
-    armed_ns: dict = {f"w{i}": i for i in range(300)}
-    exec(_rewrite.arm(code, CodeInfo("<module>", "<wide>", 1, None, original=code), msrc, scope),
-         armed_ns)
-    assert armed_ns["v299"] == ns["v299"] == 299
+    kind, sizes = tables.split(": ")
+    low, _, high = sizes.partition("-")
+    wide = 0
+    for n in range(int(low), int(high or low) + 1):
+        source = "".join(f"v{i} = w{i}\n" if kind == "names" else f"v = 's{i}'\n"
+                         for i in range(n))
+        msrc = ModuleSource(source, "<wide>", ast.parse(source))
+        code = compile(source, "<wide>", "exec")
+        scope = msrc.scope_for(code)
+        assert _flat.flat_start(code, msrc.statements(scope)) is not None
+        got, armed = [], []
+        for arm in (_rewrite.arm, _core.arm):
+            info = CodeInfo("<module>", "<wide>", 1, None, original=code)
+            armed.append(arm(code, info, msrc, scope, {}))
+            got.append(_armed_fields(code, armed[-1]))
+        assert got[0] == got[1], n
+        wide += dis.opmap["EXTENDED_ARG"] in armed[0].co_code[len(code.co_code)::2]
+        ns: dict = {f"w{i}": i for i in range(n)}
+        exec(code, ns)
+        armed_ns: dict = {f"w{i}": i for i in range(n)}
+        exec(armed[0], armed_ns)
+        assert (armed_ns["v"] == ns["v"]) if kind == "constants" else (
+            armed_ns[f"v{n - 1}"] == ns[f"v{n - 1}"] == n - 1)
+    assert wide >= (1 if kind == "names" else 10)
 
 
 def test_a_program_of_flat_code_starts_without_bytecode(tmp_path):

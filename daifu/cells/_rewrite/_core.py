@@ -14,7 +14,9 @@ from .._source import ModuleSource
 from ._analysis import _analyse_depths, _flatten
 from ._assemble import (
     _CACHES,
+    _PLAIN,
     _as_ops,
+    _kind,
     _NotSpliced,
     _with_try_blocks,
     append,
@@ -466,6 +468,9 @@ def flat_tail() -> tuple:
         tail = _trap_tail(info, {(0, None): _FLAT_TRAP}, lambda entry: (), _FLAT_FALLBACK)
         new = append_covering(code, 1, (_FLAT_TRAP, True, 0), {}, tail, stub_peak(0))
         assert info.traps == [()]
+        # (only the mark is looked up outside the shared part: ``_flat._grown``)
+        assert [_kind(it.instr)[3] for it in tail if it.instr is not None
+                and _kind(it.instr)[2] != _PLAIN] == [(ARMED_MARK, info.key, 0)]
         layouts.append((new, (ARMED_MARK, info.key, 0), n_consts, n_names))
     (one, mark, n_consts, n_names), (other, _, _, _) = layouts
     at = len(base.co_code)

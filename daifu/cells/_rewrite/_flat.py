@@ -25,7 +25,7 @@ import dis
 import os
 import types
 from collections.abc import Callable
-from itertools import islice
+from itertools import accumulate, islice
 
 from .._cell import ARMED_MARK
 from .._exctable import encode
@@ -208,8 +208,8 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
     out from this version's ``_flattail.TAILS`` entry -- without
     ``bytecode``, which a start whose code is all flat never imports -- and
     whether it was walked (None, False: a version without an entry, or a
-    generator; None, True: not flat; an index past one byte: None, False --
-    the package's ``arm`` asks ``_core.arm`` then)."""
+    generator; None, True: not flat -- the package's ``arm`` asks
+    ``_core.arm`` then)."""
     if _TAIL is None or code.co_flags & 0x20:
         return None, False
     start = flat_start(code, msrc.statements(scope))
@@ -219,47 +219,33 @@ def arm(code: types.CodeType, info: CodeInfo, msrc: ModuleSource, scope,
 
 
 def _covered(code: types.CodeType, info: CodeInfo, start: int,
-             replace_consts: dict | None) -> types.CodeType | None:
+             replace_consts: dict | None) -> types.CodeType:
     """``code`` with its instructions from code unit ``start`` on under one
     exception-table entry to the trap ``_TAIL`` lays out after them (what
-    ``_assemble.append_covering`` makes of them, byte for byte); None where
-    an index of the trap's does not fit its byte."""
+    ``_assemble.append_covering`` makes of them)."""
     assert _TAIL is not None
-    tail, slots, new_consts, mark_at, new_names, ranges, trap, end, peak = _TAIL
+    tail, slots, _, mark_at, _, ranges, trap, end, peak = _TAIL
     consts = list(code.co_consts)
     if replace_consts:
         for i, c in enumerate(consts):
             if type(c) is types.CodeType and id(c) in replace_consts:
                 consts[i] = replace_consts[id(c)]
-    # (the tables grow as ``_assemble._Tables`` grows them)
-    const_at: dict = {}
-    for i, value in enumerate(consts):
-        if value is None or type(value) in (int, str):
-            const_at.setdefault((type(value), value), i)
-    at_const = []
-    for k, value in enumerate(new_consts):
-        if k == mark_at:
-            value = (ARMED_MARK, info.key, 0)
-        at = const_at.get((type(value), value))
-        if at is None:
-            at = const_at[(type(value), value)] = len(consts)
-            consts.append(value)
-        at_const.append(at)
-    names = list(code.co_names)
-    name_at = {name: i for i, name in enumerate(names)}
-    at_name = []
-    for name in new_names:
-        at = name_at.get(name)
-        if at is None:
-            at = name_at[name] = len(names)
-            names.append(name)
-        at_name.append(at)
+    mark = (ARMED_MARK, info.key, 0)
+    tables = _grown(consts, code.co_names, mark, False)
     body = bytearray(tail)
+    at_const, at_name = tables[2], tables[3]
+    wide = shared = False
     for pos, kind, k in slots:
         arg = at_const[k] if kind == 0 else at_name[k] if kind == 1 else at_name[k] << 1 | kind - 2
         if arg > 0xFF:
-            return None
-        body[pos] = arg
+            wide = True
+            shared = shared or not (kind == 0 and k == mark_at)
+        body[pos] = arg & 0xFF
+    if shared:  # (the shared part's own index past a byte: ``append_covering``
+        # lays out its instructions, the tables grown in their order)
+        tables = _grown(consts, code.co_names, mark, True)
+    if wide:  # (laid out again, with the EXTENDED_ARG prefixes its indices need)
+        body, ranges, trap, end = _wide(tables[2], tables[3])  # type: ignore[assignment]
     base = len(code.co_code) // 2
     table = encode([(start, base, base + trap, 0, True)]
                    + [(s + base, e + base, t + base, d, lasti) for s, e, t, d, lasti in ranges])
@@ -270,9 +256,119 @@ def _covered(code: types.CodeType, info: CodeInfo, start: int,
         lines.append(0x80 | 15 << 3 | (rest - 1))
     info.traps = [()]  # (one trap, no handler: no guard)
     info.armed = True
-    return code.replace(co_code=code.co_code + body, co_consts=tuple(consts),
-                        co_names=tuple(names), co_exceptiontable=table,
+    return code.replace(co_code=code.co_code + body, co_consts=tuple(tables[0]),
+                        co_names=tuple(tables[1]), co_exceptiontable=table,
                         co_linetable=bytes(lines), co_stacksize=max(code.co_stacksize, peak))
+
+
+def _grown(consts: list, names: tuple[str, ...], mark: tuple, mark_first: bool
+           ) -> tuple[list, list[str], list[int], list[int]]:
+    """The constant and name tables with ``_TAIL``'s values, as
+    ``_assemble._Tables`` grows them: in the order of ``_TAIL``'s lookups
+    (its shared part's first, then the trap's mark) or, ``mark_first``, in
+    the order of its instructions (the mark's first: where the shared part
+    is laid out as instructions); and each value's index."""
+    assert _TAIL is not None
+    new_consts, mark_at, new_names = _TAIL[2], _TAIL[3], _TAIL[4]
+    consts = list(consts)
+    const_at: dict = {}
+    for i, value in enumerate(consts):
+        if value is None or type(value) in (int, str):
+            const_at.setdefault((type(value), value), i)
+    at_const = [0] * len(new_consts)
+    order = range(len(new_consts))
+    if mark_first:
+        order = [mark_at, *(k for k in order if k != mark_at)]  # type: ignore[assignment]
+    for k in order:
+        value = mark if k == mark_at else new_consts[k]
+        at = const_at.get((type(value), value))
+        if at is None:
+            at = const_at[(type(value), value)] = len(consts)
+            consts.append(value)
+        at_const[k] = at
+    out_names = list(names)
+    name_at = {name: i for i, name in enumerate(out_names)}
+    at_name = []
+    for name in new_names:
+        at = name_at.get(name)
+        if at is None:
+            at = name_at[name] = len(out_names)
+            out_names.append(name)
+        at_name.append(at)
+    return consts, out_names, at_const, at_name
+
+
+def _ext(arg: int) -> int:
+    """The ``EXTENDED_ARG`` prefixes an argument needs."""
+    return 0 if arg < 0x100 else 1 if arg < 0x10000 else 2 if arg < 0x1000000 else 3
+
+
+def _instructions() -> tuple[list[tuple[int, int, int]], list[tuple], int]:
+    """``_TAIL``'s instructions: (opcode, how its argument is had -- 0 as
+    it is, 1 a constant, 2 a name, 3 a name and its flag bit, 4 a jump --,
+    the argument, the constant's or name's number, or the jump's target
+    instruction); its exception-table entries and trap by instruction."""
+    assert _TAIL is not None
+    tail, slots, *_, ranges, trap, _, _ = _TAIL
+    by_pos = {pos: (kind, k) for pos, kind, k in slots}
+    starts, decoded = [], []
+    at = 0
+    while at < len(tail):
+        op, arg, after = _read(tail, at)
+        assert tail[at] != _EXTENDED_ARG, "a laid-out trap has no prefix"
+        starts.append(at // 2)
+        decoded.append((op, arg, after // 2))
+        at = after
+    index = {unit: i for i, unit in enumerate(starts)}
+    index[len(tail) // 2] = len(starts)
+    out = []
+    for i, (op, arg, after) in enumerate(decoded):
+        kind, k = by_pos.get(2 * starts[i] + 1, (None, 0))
+        jump = _TABLE[op][3]
+        if kind is not None:
+            out.append((op, 1 if kind == 0 else 2 if kind == 1 else 3, k << 1 | kind - 2
+                        if kind >= 2 else k))
+        elif jump:
+            assert jump != _ABSOLUTE, "3.11+ has no absolute jump"
+            out.append((op, 4, index[after + arg if jump == _FORWARD else after - arg]))
+        else:
+            out.append((op, 0, arg))
+    return out, [(index[s], index[e], index[t], d, lasti) for s, e, t, d, lasti in ranges], \
+        index[trap]
+
+
+def _wide(at_const: list[int], at_name: list[int]) -> tuple[bytes, list[tuple], int, int]:
+    """``_TAIL`` laid out where an index of its does not fit a byte: each
+    instruction with the ``EXTENDED_ARG`` prefixes its argument needs, the
+    jumps gaining theirs until nothing moves (as ``_assemble._Layout`` lays
+    it out); its code, exception-table entries, trap and length in code
+    units."""
+    instrs, ranges, trap = _instructions()
+    args, units = [], []
+    for op, how, value in instrs:
+        arg = (value if how == 0 else at_const[value] if how == 1 else at_name[value]
+               if how == 2 else at_name[value >> 1] << 1 | value & 1 if how == 3 else 0)
+        args.append(arg)
+        units.append(_CACHES[op] + 1 + _ext(arg))
+    while True:
+        starts = list(accumulate(units, initial=0))
+        moved = False
+        for i, (op, how, target) in enumerate(instrs):
+            if how == 4:
+                delta = abs(starts[target] - starts[i + 1])
+                args[i] = delta
+                need = _CACHES[op] + 1 + _ext(delta)
+                if need > units[i]:
+                    units[i], moved = need, True
+        if not moved:
+            break
+    out = bytearray()
+    for (op, _, _), arg, size in zip(instrs, args, units, strict=True):
+        for k in range(size - _CACHES[op] - 1, 0, -1):
+            out += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
+        out += bytes((op, arg & 0xFF)) + bytes(2 * _CACHES[op])
+    return bytes(out), [(starts[s], starts[e], starts[t], d, lasti)
+                        for s, e, t, d, lasti in ranges], starts[trap], starts[-1]
 
 
 def _tail() -> tuple | None:
