@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -859,7 +860,8 @@ def test_a_flat_function_crashes_into_its_own_frame_and_is_retried():
     assert info is not None and info.upgraded is ns["step"].__code__
 
 
-def test_the_module_tree_is_freed_before_the_collector_is_back(monkeypatch):
+@pytest.mark.parametrize("statements", [500, 3000])  # (3000: a long source, in pieces)
+def test_the_module_tree_is_freed_before_the_collector_is_back(monkeypatch, statements):
     # the collector is paused while a module is rewritten; its first
     # collection after the pause walks what the pause allocated and is
     # still alive -- the module's tree, if anything still held it (the
@@ -881,9 +883,107 @@ def test_the_module_tree_is_freed_before_the_collector_is_back(monkeypatch):
     monkeypatch.setattr(_transform, "_collector_paused", spy)
     monkeypatch.setattr(options, "cache", None)
     monkeypatch.setattr(options, "strict", False)  # (strict: rewritten now, the tree kept)
-    body = "".join(f"freed_v{i} = freed_w{i} = {i}\n" for i in range(500))
+    body = "".join(f"freed_v{i} = freed_w{i} = {i}\n" for i in range(statements))
+    assert (len(body) >= _transform._LONG) == (statements == 3000)
     vaccinate_source(body, "tree_freed.py", Selection(("**",), True, armed=True))
     assert alive == [0]
+
+
+PIECES = {
+    "strings and brackets at column 0": 'x = """\nabc\ny = 1\n"""\nz = f(\n1,\n)\nw = [\n]\n'
+                                        "v = 1 + \\\n2\nu = 3\n",
+    "clauses at column 0": "if a:\n    b = 1\nelif c:\n    b = 2\nelse:\n    b = 3\n"
+                           "try:\n    d\nexcept E:\n    e\nfinally:\n    f\n"
+                           "for i in x:\n    pass\nelse:\n    pass\n",
+    "decorators and defs": "@dec\n@dec2(\n1)\ndef f(\na,\n):\n    return a\n"
+                           "class C:\n    x = 1\n\n    def m(self): pass\n# end\nq = 1\n",
+    "comments, blank lines, a form feed": "# c\n\n\na = 1  # x\n\x0c\nb = 2\n  # indented\nc = 3\n",
+    "a carriage return": "a = 1\rb = 2\r\nc = 3\n",
+    "multi-byte text": "s = 'ü€😀'\nt = s + 'é'  # ü\n",
+}
+
+
+@pytest.mark.parametrize("case", list(PIECES))
+def test_a_long_source_parsed_in_pieces_is_the_tree_of_the_whole(case):
+    # ``_source.parse`` cuts a long source before lines that start a
+    # statement at column 0 and parses each piece after as many empty lines
+    # as come before it: the tree, with every position, is ``ast.parse``'s;
+    # a cut inside a statement (a string, brackets, a clause) parses the
+    # whole source instead
+    from daifu.cells._source import parse
+
+    source = PIECES[case] * 3
+    want = ast.dump(ast.parse(source, "p.py"), include_attributes=True)
+    for lines in (1, 2, 3, 7, 256):
+        assert ast.dump(parse(source, "p.py", lines), include_attributes=True) == want, lines
+
+
+@pytest.mark.parametrize("module", ["argparse", "typing", "email._header_value_parser"])
+def test_a_module_parsed_in_pieces_is_the_tree_of_the_whole(module):
+    from daifu.cells._source import parse
+
+    source, filename = _module_source(module)
+    want = ast.dump(ast.parse(source, filename), include_attributes=True)
+    for lines in (5, 64, 256):
+        assert ast.dump(parse(source, filename, lines), include_attributes=True) == want
+
+
+def test_a_source_that_does_not_parse_raises_what_ast_raises_in_pieces_too():
+    from daifu.cells._source import parse
+
+    source = "a = 1\n" * 10 + "b = (\n" + "c = 2\n" * 10
+    with pytest.raises(SyntaxError) as want:
+        ast.parse(source, "bad.py")
+    with pytest.raises(SyntaxError) as got:
+        parse(source, "bad.py", 3)
+    assert (got.value.msg, got.value.lineno, got.value.offset) == \
+        (want.value.msg, want.value.lineno, want.value.offset)
+
+
+def test_a_long_module_warns_as_python_warns_once(monkeypatch):
+    # a long source is compiled, then parsed in pieces: the parser's
+    # warnings (an invalid escape sequence) are shown once, the compiler's
+    # (``is`` with a literal) too, as ``compile`` shows them; the module
+    # runs as compiled
+    import warnings
+
+    from daifu.cells import Selection, _transform, options, vaccinate_source
+
+    monkeypatch.setattr(options, "cache", None)
+    source = ("s = '\\d'\nt = (1 is 1)\n" + "".join(f"v{i} = {i}\n" for i in range(9000)))
+    assert len(source) >= _transform._LONG
+
+    def shown(run):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        return sorted((w.category.__name__, str(w.message), w.lineno) for w in caught)
+
+    given_back = []
+    real = _transform._give_back
+    monkeypatch.setattr(_transform, "_give_back", lambda: given_back.append(real()))
+    want = shown(lambda: compile(source, "long_warns.py", "exec", dont_inherit=True))
+    assert len(want) == 2, want
+    out = []
+    got = shown(lambda: out.append(vaccinate_source(source, "long_warns.py",
+                                                    Selection(("**",), True, armed=True))))
+    assert got == want and given_back == [None]  # (compiled first: the long path)
+    # (another thread running: parsed, then compiled, as a short source is)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert shown(lambda: vaccinate_source(source, "long_warns2.py",
+                                              Selection(("**",), True, armed=True))) == want
+    finally:
+        stop.set()
+        other.join()
+    assert given_back == [None]
+    ns: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(out[0][0], ns)
+    assert ns["s"] == "\\d" and ns["t"] is True and ns["v8999"] == 8999
 
 
 def test_the_collector_is_paused_while_a_module_is_rewritten_and_left_as_it_was(monkeypatch):

@@ -15,6 +15,7 @@ import io
 import os
 import re
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -384,18 +385,16 @@ def vaccinate_source(
             if report.lazy:
                 _lazy.attach(code, loaded)
             return code, report
-    import ast  # (a miss: the cache path needs neither ast nor _source)  # lazy: 1.3 ms
-
+    # (a miss: the cache path needs neither ast nor _source)
     from ._source import ModuleSource  # lazy: 17.3 ms
 
     with _collector_paused():
         try:
-            tree = ast.parse(source, filename)
+            code, tree = _compiled(source, filename)
         except (SyntaxError, ValueError) as exc:
             failure = exc
         if failure is not None:
             raise python_syntax_error(original, filename) from None
-        code = compile(tree, filename, "exec", dont_inherit=True)
         msrc = ModuleSource(source, filename, tree)
         new_code, report = vaccinate_module(code, msrc, selection, module)
         if cache is not None:  # (nothing to protect, too: the next start parses nothing)
@@ -588,3 +587,51 @@ def code_pairs(plain: types.CodeType, live: types.CodeType
 
 def _register(filename: str) -> None:
     """(Kept for the call sites: the registry's files are the target files.)"""
+
+
+def _compiled(source: str, filename: str) -> tuple[types.CodeType, ast.Module]:
+    """``source``'s code and tree.  A long source (where only one thread
+    runs) is compiled first, the memory the compiler freed given back to
+    the system, and then parsed in pieces (``_source.parse``): its peak
+    memory is python's own compile's, not the parser's tree and the
+    compiler's on top of each other.  The parser's warnings were the
+    compiler's: they are not shown twice."""
+    import ast  # lazy: 1.3 ms
+
+    if len(source) < _LONG or threading.active_count() != 1:
+        tree = ast.parse(source, filename)
+        return compile(tree, filename, "exec", dont_inherit=True), tree
+    from ._source import parse  # lazy: 17.3 ms
+
+    code = compile(source, filename, "exec", dont_inherit=True)
+    _give_back()
+    # (C code warns through ``warnings._showwarnmsg``: one thread, no other
+    # warning can be shown meanwhile)
+    show = getattr(warnings, "_showwarnmsg", None)
+    if show is not None:
+        warnings._showwarnmsg = _not_shown  # type: ignore[attr-defined]
+    try:
+        return code, parse(source, filename)
+    finally:
+        if show is not None:
+            warnings._showwarnmsg = show  # type: ignore[attr-defined]
+
+
+#: a source this long (characters) is compiled before it is parsed
+_LONG = 1 << 16
+
+
+def _not_shown(msg: object) -> None:
+    """A warning the compiler showed, met again by the parser."""
+
+
+def _give_back() -> None:
+    """Give the heap's free pages back to the system (glibc's
+    ``malloc_trim``; elsewhere nothing): the compiler's tree, freed, is not
+    where the parser's Python objects are allocated."""
+    try:
+        import ctypes  # lazy: 1.6 ms
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (ImportError, OSError, AttributeError):
+        pass
