@@ -422,7 +422,19 @@ def test_cold_start(tmp_path, case):
            "", f"{f_s / p_s:.1f}x plain; peak RSS {f_mb:.0f} MB, {f_mb / p_mb:.1f}x")
     record(section, "  python -m daifu, later starts (code cache)", w_s * 1e3, "ms",
            warm_target, f"{w_s / p_s:.1f}x plain; peak RSS {w_mb:.0f} MB")
-    if ASSERT and warm_target == "<= 2x plain":
-        assert w_s / p_s <= 2.0, (name, "later starts", w_s / p_s)
-    if ASSERT and time_target == "<= 4x plain":  # (a target met with room: asserted)
-        assert c_s / p_s <= 4.0, (name, "first start", c_s / p_s)
+    # (a target met with room is asserted; one "(not met)" or "(at the edge)"
+    # is reported only)
+    for what, target, ratio in (("first start", time_target, c_s / p_s),
+                                ("its peak RSS", rss_target, c_mb / p_mb),
+                                ("later starts", warm_target, w_s / p_s)):
+        bound = _bound(target)
+        if ASSERT and bound is not None:
+            assert ratio <= bound, (name, what, ratio)
+
+
+def _bound(target: str) -> float | None:
+    """The ratio a target such as ``<= 3x plain`` asserts (None: a target
+    reported only -- none, or one marked as not met or at the edge)."""
+    if not target.startswith("<= ") or not target.endswith("x plain"):
+        return None
+    return float(target[3:-len("x plain")])

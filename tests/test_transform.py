@@ -719,6 +719,18 @@ def test_a_flat_trap_laid_out_once_is_the_one_laid_out_for_each_code(module, mon
     assert hits > 10
 
 
+def test_the_flat_walk_reads_the_opcodes_as_the_rewrite_reads_them():
+    # the flat walk's table (from ``opcode``: a first start that arms only
+    # flat code imports neither ``bytecode`` nor ``dis``) has the columns of
+    # the rewrite's (from ``bytecode``): name, argument, jump kind, caches
+    from daifu.cells._rewrite import _decode, _flat
+
+    assert [(row[0], row[1], row[3], row[4]) for row in _flat._TABLE] == \
+        [(row[0], row[1], row[3], row[4]) for row in _decode._TABLE]
+    assert (_flat._FORWARD, _flat._BACKWARD, _flat._ABSOLUTE) == \
+        (_decode._FORWARD, _decode._BACKWARD, _decode._ABSOLUTE)
+
+
 def test_the_flat_trap_of_this_version_is_the_one_its_rewrite_lays_out():
     # ``_flattail.TAILS``' entry of the running version (what ``_flat.arm``
     # appends to flat code without ``bytecode``) is a fresh derivation's:
@@ -817,7 +829,8 @@ def test_a_program_of_flat_code_starts_without_bytecode(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import sys\n"
                       "def f(x):\n    return 1 / x\n"
-                      "print(sorted(m for m in sys.modules if m.startswith('bytecode')))\n"
+                      "print(sorted(m for m in sys.modules if m.startswith('bytecode')"
+                      "             or m == 'daifu.cells._rewrite._core'))\n"
                       "print(f(2))\n"
                       "print(f(0))\n")
     env = {**os.environ, "DAIFU_CACHE": "0"}

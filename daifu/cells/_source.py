@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import ast
 import bisect
-import linecache
 import types
 from collections.abc import Iterator
 from functools import cached_property, lru_cache
-from typing import cast
+
+TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
+if TYPE_CHECKING:
+    from typing import cast
+else:
+    def cast(_type, value):
+        return value
 
 _FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -322,9 +327,14 @@ def _leaves_block(stmts: list[ast.stmt], in_loop: bool = False) -> bool:
     return False
 
 
-#: where a piece of a long source may begin: a line at column 0 that is not
-#: blank, a comment, a closing bracket or a clause of the statement before
-_PIECE_START = None
+@lru_cache(maxsize=1)
+def _piece_start():
+    """Where a piece of a long source may begin: a line at column 0 that is
+    not blank, a comment, a closing bracket or a clause of the statement
+    before."""
+    import re  # lazy: 0.0 ms
+
+    return re.compile(r"^(?![ \t\f\n#)\]}]|else\b|elif\b|except\b|finally\b)", re.M)
 
 
 def parse(source: str, filename: str, lines: int = 256) -> ast.Module:
@@ -337,18 +347,12 @@ def parse(source: str, filename: str, lines: int = 256) -> ast.Module:
     ``else``) leaves a piece that does not parse: the whole source is
     parsed then.  Each piece is parsed after as many empty lines as come
     before it, so that its positions are the source's."""
-    global _PIECE_START
     if "\r" in source:  # (a line break the pieces would not count)
         return ast.parse(source, filename)
-    if _PIECE_START is None:
-        import re  # lazy: 0.0 ms
-
-        _PIECE_START = re.compile(r"^(?![ \t\f\n#)\]}]|else\b|elif\b|except\b|finally\b)",
-                                  re.M)
     pieces = []
     cut, cut_line, line, last = 0, 1, 1, 0
     count = source.count
-    for found in _PIECE_START.finditer(source, 1):
+    for found in _piece_start().finditer(source, 1):
         at = found.start()
         line += count("\n", last, at)
         last = at
@@ -588,6 +592,8 @@ def _without_comment(line: str) -> str:
 
 def source_for_file(filename: str) -> ModuleSource | None:
     """Parse a file through ``linecache`` (cached); ``None`` if unavailable."""
+    import linecache  # lazy: 1.5 ms
+
     lines = linecache.getlines(filename)
     if not lines:
         return None

@@ -8,16 +8,7 @@ from types import TracebackType
 
 from .._runtime import RUNTIME, state_record
 from ..cells import use_dynamo
-from ..engine import (
-    ENGINE,
-    extend_collective_timeouts,
-    hold_signals,
-    keep_loaders,
-    keep_stateful_loaders,
-    keep_steps,
-    record_sent_indices,
-    start_preload,
-)
+from ..engine import ENGINE, hold_signals, start_preload
 from . import _logging
 from ._config import Config
 from ._finder import DaifuFinder, vaccinate_in_place
@@ -94,18 +85,31 @@ def install(modules: str | None = None, entry: str | None = None,
     # indices of the batches in flight (a retry of a failed batch needs them)
     # ``torch.compile`` runs first-call stubs as they are (``cells._lazy``)
     # and compiles the original code of vaccinated functions (``cells._dynamo``)
+    # (what they call is imported then: the resume point's and the
+    # distributed hooks' modules are no part of a start that needs none)
     def loaders() -> None:
+        from ..engine import keep_loaders, record_sent_indices  # lazy: 2.3 ms
+
         record_sent_indices()
         if ENGINE.checkpoint:
             keep_loaders()
 
     def steps() -> None:
         if ENGINE.checkpoint:
+            from ..engine import keep_steps  # lazy: 2.3 ms
+
             keep_steps()
 
     def stateful() -> None:
         if ENGINE.checkpoint:
+            from ..engine import keep_stateful_loaders  # lazy: 2.3 ms
+
             keep_stateful_loaders()
+
+    def collectives() -> None:
+        from ..engine import extend_collective_timeouts  # lazy: 0.9 ms
+
+        extend_collective_timeouts(lambda: ENGINE.waiters, on_group=_start_watchdog)
 
     patches = {"multiprocessing.spawn": lambda: patch_spawn(),
                "torch.utils.data.dataloader": loaders,
@@ -116,9 +120,7 @@ def install(modules: str | None = None, entry: str | None = None,
                "torch._dynamo.eval_frame": lambda: use_dynamo(),
                "torch._dynamo.convert_frame": lambda: _compile_original(),
                # a rank waiting for a fix must not time its peers out
-               "torch.distributed.distributed_c10d":
-                   lambda: extend_collective_timeouts(lambda: ENGINE.waiters,
-                                                      on_group=_start_watchdog)}
+               "torch.distributed.distributed_c10d": collectives}
     later = {name: patch for name, patch in patches.items() if name not in sys.modules}
     _state.finder = DaifuFinder(cfg.matcher, cfg.selection(), on_import=later,
                           project=cfg.the_project(), explain=cfg.explain)

@@ -21,7 +21,7 @@ entry of another depth."""
 
 from __future__ import annotations
 
-import dis
+import opcode
 import os
 import types
 from collections.abc import Callable
@@ -42,26 +42,26 @@ _FORWARD, _BACKWARD, _ABSOLUTE = 1, 2, 3  # (``_decode``'s jump kinds)
 
 
 def _has_arg(op: int) -> bool:
-    return op in dis.hasarg if hasattr(dis, "hasarg") else op >= dis.HAVE_ARGUMENT
+    return op in opcode.hasarg if hasattr(opcode, "hasarg") else op >= opcode.HAVE_ARGUMENT
 
 
 def _jump(op: int) -> int:
-    if op in dis.hasjabs:
+    if op in opcode.hasjabs:
         return _ABSOLUTE
-    if op in dis.hasjrel:
-        return _BACKWARD if "BACKWARD" in dis.opname[op] else _FORWARD
+    if op in opcode.hasjrel:
+        return _BACKWARD if "BACKWARD" in opcode.opname[op] else _FORWARD
     return 0
 
 
 #: per opcode: (name, has an argument, -, jump kind, CACHE units): the
 #: columns of ``_decode._TABLE`` the walk reads, from ``dis`` (the tests
 #: compare them with ``bytecode``'s)
-_TABLE = tuple((dis.opname[op], _has_arg(op), None, _jump(op), _CACHES[op]) for op in range(256))
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+_TABLE = tuple((opcode.opname[op], _has_arg(op), None, _jump(op), _CACHES[op]) for op in range(256))
+_EXTENDED_ARG = opcode.opmap["EXTENDED_ARG"]
 
 _NOT_FLAT_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutines, async generator
-_RESUME = dis.opmap["RESUME"]
-_FOR_ITER = dis.opmap["FOR_ITER"]
+_RESUME = opcode.opmap["RESUME"]
+_FOR_ITER = opcode.opmap["FOR_ITER"]
 #: per opcode: not in flat code after the prologue (the exception-handling
 #: machinery, a loop's iterator)
 _REFUSED = frozenset(op for op in range(256) if _TABLE[op][0] in _MACHINERY) | {_FOR_ITER}
@@ -73,7 +73,7 @@ _effects: dict[int, int] = {}
 def _effect(key: int) -> int:
     op, jump = key >> 1 & 0xFF, bool(key & 1)
     arg = key >> 9 if _TABLE[op][1] else None
-    effect = _effects[key] = dis.stack_effect(op, arg, jump=jump)
+    effect = _effects[key] = opcode.stack_effect(op, arg, jump=jump)
     return effect
 
 

@@ -1,26 +1,26 @@
 """Reading rewritten code back: which cell, original or retry copy, an offset
-is in.  Without the ``bytecode`` library (``dis`` and the code's own tables):
+is in.  Without the ``bytecode`` library (``opcode`` and the code's own tables):
 an exception the program handles asks this of its callers, and a start whose
 modules all came from the code cache has not imported ``bytecode``."""
 
 from __future__ import annotations
 
-import dis
+import opcode
 import types
 
 from .._cell import ARMED_MARK, Cell, is_cell_ref, resolve
 from .._exctable import exception_entries
 
-_LOAD_CONST = dis.opmap["LOAD_CONST"]
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-_JUMP_FORWARD = dis.opmap["JUMP_FORWARD"]
-_CALL = dis.opmap["CALL"]
+_LOAD_CONST = opcode.opmap["LOAD_CONST"]
+_EXTENDED_ARG = opcode.opmap["EXTENDED_ARG"]
+_JUMP_FORWARD = opcode.opmap["JUMP_FORWARD"]
+_CALL = opcode.opmap["CALL"]
 
 
 def _cache_table() -> list[int]:
-    caches = dis._inline_cache_entries  # type: ignore[attr-defined]  # noqa: SLF001
+    caches = opcode._inline_cache_entries  # type: ignore[attr-defined]  # noqa: SLF001
     out = [0] * 256
-    for name, op in dis.opmap.items():
+    for name, op in opcode.opmap.items():
         if op < 256:
             out[op] = caches[op] if isinstance(caches, list) else caches.get(name, 0)
     return out
