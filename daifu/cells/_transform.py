@@ -598,7 +598,7 @@ def _compiled(source: str, filename: str) -> tuple[types.CodeType, ast.Module]:
     compiler's: they are not shown twice."""
     import ast  # lazy: 1.3 ms
 
-    if len(source) < _LONG or threading.active_count() != 1:
+    if len(source) < _LONG or not _alone():
         tree = ast.parse(source, filename)
         return compile(tree, filename, "exec", dont_inherit=True), tree
     from ._source import parse  # lazy: 17.3 ms
@@ -619,6 +619,11 @@ def _compiled(source: str, filename: str) -> tuple[types.CodeType, ast.Module]:
 
 #: a source this long (characters) is compiled before it is parsed
 _LONG = 1 << 16
+
+
+def _alone() -> bool:
+    """Is the thread running this the only Python thread?"""
+    return threading.active_count() == 1
 
 
 def _not_shown(msg: object) -> None:

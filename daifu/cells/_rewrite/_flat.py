@@ -41,22 +41,19 @@ if TYPE_CHECKING:
 _FORWARD, _BACKWARD, _ABSOLUTE = 1, 2, 3  # (``_decode``'s jump kinds)
 
 
-def _has_arg(op: int) -> bool:
-    return op in opcode.hasarg if hasattr(opcode, "hasarg") else op >= opcode.HAVE_ARGUMENT
+def _table() -> tuple:
+    """Per opcode: (name, has an argument, -, jump kind, CACHE units): the
+    columns of ``_decode._TABLE`` the walk reads, from ``opcode`` (the
+    tests compare them with ``bytecode``'s)."""
+    has_arg = frozenset(getattr(opcode, "hasarg", range(opcode.HAVE_ARGUMENT, 256)))
+    absolute, relative, names = frozenset(opcode.hasjabs), frozenset(opcode.hasjrel), opcode.opname
+    return tuple((names[op], op in has_arg, None,
+                  _ABSOLUTE if op in absolute else 0 if op not in relative
+                  else _BACKWARD if "BACKWARD" in names[op] else _FORWARD, _CACHES[op])
+                 for op in range(256))
 
 
-def _jump(op: int) -> int:
-    if op in opcode.hasjabs:
-        return _ABSOLUTE
-    if op in opcode.hasjrel:
-        return _BACKWARD if "BACKWARD" in opcode.opname[op] else _FORWARD
-    return 0
-
-
-#: per opcode: (name, has an argument, -, jump kind, CACHE units): the
-#: columns of ``_decode._TABLE`` the walk reads, from ``dis`` (the tests
-#: compare them with ``bytecode``'s)
-_TABLE = tuple((opcode.opname[op], _has_arg(op), None, _jump(op), _CACHES[op]) for op in range(256))
+_TABLE = _table()
 _EXTENDED_ARG = opcode.opmap["EXTENDED_ARG"]
 
 _NOT_FLAT_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutines, async generator
