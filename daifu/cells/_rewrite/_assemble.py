@@ -13,6 +13,8 @@ from bytecode.instr import BITFLAG_OPCODES, UNSET
 
 from .._exctable import encode
 from ._emit import _NOWHERE, _Chunk, _group_items, _Item
+from ._flat import NO_LOCATION as _NO_LOCATION
+from ._flat import ext as _ext
 from ._ops import _EXTENDED_ARG, PY, _Op
 from ._readback import _CACHES
 
@@ -58,7 +60,6 @@ class _NotSpliced(Exception):
 _HAS_CONST = frozenset(dis.hasconst)
 _HAS_NAME = frozenset(dis.hasname)
 _BACKWARD_JUMPS = frozenset(op for name, op in dis.opmap.items() if "BACKWARD" in name)
-_NO_LOCATION = 15  # the location-table code of "no location" (3.11+)
 #: opcodes whose argument is ``name index << 1 | flag``
 _FLAG_OPS = frozenset(BITFLAG_OPCODES)
 
@@ -70,11 +71,6 @@ def _compare_arg(arg: Compare) -> int:
     if PY.python >= (3, 12):
         return arg._get_mask() + (arg.value << 4)  # noqa: SLF001
     return arg.value
-
-
-def _ext(arg: int) -> int:
-    """The ``EXTENDED_ARG`` prefixes an argument needs."""
-    return 0 if arg < 0x100 else 1 if arg < 0x10000 else 2 if arg < 0x1000000 else 3
 
 
 def splice(items: list[_Item], code: types.CodeType, const_updates: dict[int, object],

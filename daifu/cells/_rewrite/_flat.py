@@ -248,9 +248,9 @@ def _covered(code: types.CodeType, info: CodeInfo, start: int,
                    + [(s + base, e + base, t + base, d, lasti) for s, e, t, d, lasti in ranges])
     lines = bytearray(code.co_linetable)
     full, rest = divmod(end, 8)  # ("no location" entries of 8 units, then the rest)
-    lines += bytes((0x80 | 15 << 3 | 7,)) * full
+    lines += bytes((0x80 | NO_LOCATION << 3 | 7,)) * full
     if rest:
-        lines.append(0x80 | 15 << 3 | (rest - 1))
+        lines.append(0x80 | NO_LOCATION << 3 | (rest - 1))
     info.traps = [()]  # (one trap, no handler: no guard)
     info.armed = True
     return code.replace(co_code=code.co_code + body, co_consts=tuple(tables[0]),
@@ -295,7 +295,10 @@ def _grown(consts: list, names: tuple[str, ...], mark: tuple, mark_first: bool
     return consts, out_names, at_const, at_name
 
 
-def _ext(arg: int) -> int:
+NO_LOCATION = 15  # the location-table code of "no location" (3.11+)
+
+
+def ext(arg: int) -> int:
     """The ``EXTENDED_ARG`` prefixes an argument needs."""
     return 0 if arg < 0x100 else 1 if arg < 0x10000 else 2 if arg < 0x1000000 else 3
 
@@ -346,7 +349,7 @@ def _wide(at_const: list[int], at_name: list[int]) -> tuple[bytes, list[tuple], 
         arg = (value if how == 0 else at_const[value] if how == 1 else at_name[value]
                if how == 2 else at_name[value >> 1] << 1 | value & 1 if how == 3 else 0)
         args.append(arg)
-        units.append(_CACHES[op] + 1 + _ext(arg))
+        units.append(_CACHES[op] + 1 + ext(arg))
     while True:
         starts = list(accumulate(units, initial=0))
         moved = False
@@ -354,7 +357,7 @@ def _wide(at_const: list[int], at_name: list[int]) -> tuple[bytes, list[tuple], 
             if how == 4:
                 delta = abs(starts[target] - starts[i + 1])
                 args[i] = delta
-                need = _CACHES[op] + 1 + _ext(delta)
+                need = _CACHES[op] + 1 + ext(delta)
                 if need > units[i]:
                     units[i], moved = need, True
         if not moved:
