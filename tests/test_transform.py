@@ -735,11 +735,31 @@ def test_the_flat_trap_of_this_version_is_the_one_its_rewrite_lays_out():
     # ``_flattail.TAILS``' entry of the running version (what ``_flat.arm``
     # appends to flat code without ``bytecode``) is a fresh derivation's:
     # a change to the stubs that does not renew it fails here
-    from daifu.cells._rewrite import _core, _flattail
+    from daifu.cells._rewrite import _core, _flat, _flattail
     from daifu.cells._rewrite._ops import PY
 
-    assert _flattail.TAILS.get(PY.python) == _core.flat_tail(), (
+    assert _flattail.TAILS.get((*PY.python, _flat.magic())) == _core.flat_tail(), (
         "renew the entry: python -m daifu.cells._rewrite._core")
+    assert _flat._TAIL is _flattail.TAILS[(*PY.python, _flat.magic())]
+
+
+def test_a_build_without_a_laid_out_flat_trap_arms_flat_code_through_the_rewrite(monkeypatch):
+    # no entry for the running bytecode (another magic number, 3.12, 3.14):
+    # flat code is armed by ``_core.arm``, as it arms it
+    from daifu.cells import _rewrite
+    from daifu.cells._cell import CodeInfo
+    from daifu.cells._rewrite import _core, _flat
+    from daifu.cells._source import ModuleSource
+
+    monkeypatch.setattr(_flat, "_TAIL", None)
+    source = "x = 1\ny = x + 2\n"
+    msrc = ModuleSource(source, "<no-entry>", ast.parse(source))
+    code = compile(source, "<no-entry>", "exec")
+    got = []
+    for arm in (_rewrite.arm, _core.arm):
+        info = CodeInfo("<module>", "<no-entry>", 1, None, original=code)
+        got.append(_armed_fields(code, arm(code, info, msrc, msrc.scope_for(code), {})))
+    assert got[0] == got[1]
 
 
 def _armed_fields(code, new):

@@ -589,7 +589,9 @@ if __name__ == "__main__":  # (the running version's entry of ``_flattail.TAILS`
     import sys
 
     code, *rest = flat_tail()
-    print(f"    {sys.version_info[:2]}: (")
+    from ._flat import magic
+
+    print(f"    {(*sys.version_info[:2], magic())}: (")
     print("        bytes.fromhex(")
     for i in range(0, len(code), 44):
         print(f'            "{code[i:i + 44].hex()}"')

@@ -374,7 +374,14 @@ def _wide(at_const: list[int], at_name: list[int]) -> tuple[bytes, list[tuple], 
 def _tail() -> tuple | None:
     from ._flattail import TAILS  # lazy: 0.1 ms
 
-    return TAILS.get(PY.python)
+    return TAILS.get((*PY.python, magic()))
+
+
+def magic() -> int:
+    """The magic number of the running interpreter's bytecode (``.pyc``'s)."""
+    from importlib.util import MAGIC_NUMBER  # (the finder's: loaded)  # lazy: 0.0 ms
+
+    return int.from_bytes(MAGIC_NUMBER[:2], "little")
 
 
 #: this version's flat trap, laid out (``_flattail``); None: none is known

@@ -1,5 +1,6 @@
 """Flat armed code's trap (``_flat.arm``), laid out ahead of time: per
-version, what ``_core.arm`` appends to flat code -- so that arming flat code
+version (and the magic number of its bytecode: a build whose bytecode is
+not the release's has no entry), what ``_core.arm`` appends to flat code -- so that arming flat code
 needs neither ``bytecode`` nor the layout.  Each entry is
 ``_core.flat_tail()`` as that version derived it; the tests compare the
 running version's with a fresh derivation, and a version without an entry
@@ -16,8 +17,8 @@ length in code units; the deepest its stack gets)."""
 
 from __future__ import annotations
 
-TAILS: dict[tuple[int, int], tuple] = {
-    (3, 11): (
+TAILS: dict[tuple[int, int, int], tuple] = {
+    (3, 11, 3495): (
         bytes.fromhex(
             "0900640074000000000000000000000078016400190000000000000000007804750072177802780264001900"
             "00000000000000007500720a6400780264003c0000006400780264003c000000010001007701020078026400"
@@ -53,7 +54,7 @@ TAILS: dict[tuple[int, int], tuple] = {
         317,
         12,
     ),
-    (3, 13): (
+    (3, 13, 3571): (
         bytes.fromhex(
             "1e0053005b0000000000000000003d015300050000003d044c00611500003d023d025300050000004c00610a"
             "000053003d0253002700000053003d025300270000002000200066013d0153000500000022003d053d053502"
