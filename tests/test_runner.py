@@ -602,8 +602,8 @@ def test_version_says_whether_the_barriers_c_check_is_in_use(tmp_path):
         res = daifu(["--version"], tmp_path, env=env)
         assert res.returncode == 0, res.stderr
         assert res.stdout.startswith("daifu ")
-        assert f"the barrier's route check {check}; signal handlers held back {held})" \
-            in res.stdout
+        assert f"the barrier's route check {check}; signal handlers held back {held}; " \
+            f"flat code armed {held}, its trap laid out ahead of time)" in res.stdout
         ran = daifu(["eafp.py"], tmp_path, env=env)
         assert (ran.returncode, ran.stdout) == (0, "50\n"), ran.stderr
 

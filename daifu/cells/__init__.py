@@ -39,7 +39,7 @@ from ._cell import (
     route_catch,
 )
 from ._context import FrameContext, read_locals
-from ._dispatch import SUPPORTED, backend, cell_at, cell_range
+from ._dispatch import SUPPORTED, backend, cell_at, cell_range, flat_arming
 from ._lazy import original_code, pending_of, use_dynamo
 from ._registry import LoadedFile, files, forget, get, record, target_files
 from ._transform import (
@@ -102,6 +102,7 @@ __all__ = [
     "Selection",
     "WithGuard",
     "backend",
+    "flat_arming",
     "cell_at",
     "cell_range",
     "cells_of",

@@ -36,6 +36,20 @@ def backend(version: tuple[int, int] | None = None) -> tuple[Backend | None, str
     )
 
 
+def flat_arming() -> str:
+    """How flat code is armed here (``_rewrite._flat``): its walk in C or
+    in Python, its trap laid out ahead of time for this interpreter's
+    bytecode or by the rewrite (``bytecode`` imported)."""
+    if _versions.running() is None:
+        return "not at all (an unsupported Python)"
+    from ._rewrite import _flat  # lazy: 2.1 ms
+
+    walk = "in Python" if _flat.flat_start is _flat.py_flat_start else "in C"
+    trap = ("its trap laid out ahead of time" if _flat._TAIL is not None  # noqa: SLF001
+            else "its trap laid out by the rewrite (none ahead of time for this bytecode)")
+    return f"{walk}, {trap}"
+
+
 def cell_at(info: CodeInfo, code: types.CodeType, offset: int) -> Cell | None:
     """The cell whose instructions include byte ``offset`` of rewritten ``code``."""
     found = cell_range(info, code, offset)

@@ -27,7 +27,7 @@ from .._errors import ConfigError, NotVaccinatedWarning
 from .._private import open_private
 from .._runtime import RUNTIME
 from .._version import __version__
-from ..cells import SUPPORTED, backend, pending_of
+from ..cells import SUPPORTED, backend, flat_arming, pending_of
 from ..engine import (
     ENGINE,
     emit,
@@ -125,11 +125,13 @@ def _version_action(argparse):
 
 def version_line() -> str:
     """``daifu X (CPython Y; the barrier's route check in C|in Python: why;
-    signal handlers held back in C|in Python)``."""
+    signal handlers held back in C|in Python; flat code armed in C|in
+    Python, its trap laid out ahead of time|by the rewrite)``."""
 
     check, held = speedups()
     return (f"daifu {__version__} (CPython {sys.version.split()[0]}; "
-            f"the barrier's route check {check}; signal handlers held back {held})")
+            f"the barrier's route check {check}; signal handlers held back {held}; "
+            f"flat code armed {flat_arming()})")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
