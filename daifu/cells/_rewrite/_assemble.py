@@ -17,6 +17,11 @@ from ._flat import NO_LOCATION as _NO_LOCATION
 from ._flat import ext as _ext
 from ._ops import _EXTENDED_ARG, PY, _Op
 from ._readback import _CACHES
+from ._tables import CONST as _CONST
+from ._tables import FLAG_NAME as _FLAG_NAME
+from ._tables import NAME as _NAME
+from ._tables import PLAIN as _PLAIN
+from ._tables import Tables
 
 
 def _as_ops(items: list[_Item]) -> tuple[list[_Op], dict[Label, int]]:
@@ -282,19 +287,13 @@ def _merged(ranges):
         yield run_start, run_stop, run_key
 
 
-class _Tables:
-    """A code object's constant and name tables, extended as daifu's
-    instructions need (a plain value or a name: its first index)."""
+class _Tables(Tables):
+    """``Tables`` with the code of each chunk shape filled in for them."""
 
     def __init__(self, consts: list, names: list[str]) -> None:
-        self.consts, self.names = consts, names
+        super().__init__(consts, names)
         #: a chunk's shape -> its template's code with these tables' indices
         self.filled: dict[tuple, bytearray] = {}
-        self.const_at: dict = {}  # (type, value) -> index
-        for i, value in enumerate(consts):
-            if value is None or type(value) in (int, str):
-                self.const_at.setdefault((type(value), value), i)
-        self.name_at = {name: i for i, name in enumerate(names)}
 
     def chunk_code(self, shape: tuple) -> bytearray:
         """The code of a chunk of ``shape``: its template's, with these
@@ -303,22 +302,6 @@ class _Tables:
         if body is None:
             body = self.filled[shape] = _filled(_template_of(shape), self)
         return body
-
-    def index(self, how: int, value) -> int:
-        """The argument encoding ``value`` (``_CONST``, ``_NAME``, ``_FLAG_NAME``)."""
-        if how == _CONST:
-            const_key = (type(value), value)
-            at = self.const_at.get(const_key)
-            if at is None:
-                at = self.const_at[const_key] = len(self.consts)
-                self.consts.append(value)
-            return at
-        name, flag = value
-        at = self.name_at.get(name)
-        if at is None:
-            at = self.name_at[name] = len(self.names)
-            self.names.append(name)
-        return at << 1 | flag if how == _FLAG_NAME else at
 
 
 _CHUNK = -1  # (the opcode of a chunk among the laid-out instructions)
@@ -594,7 +577,6 @@ def _uvarint_to(out: bytearray, value: int) -> None:
 _NO_COLUMNS, _LONG = 13, 14  # (location-table codes, 3.11+)
 
 
-_PLAIN, _CONST, _NAME, _FLAG_NAME = range(4)
 #: how one of daifu's own instructions is encoded, by its id (they are
 #: shared, ``_emit._instr``): (instr, opcode, how, value)
 _KINDS: dict[int, tuple] = {}

@@ -32,6 +32,7 @@ from .._exctable import encode
 from ._opsets import _MACHINERY, _TERMINAL, PY
 from ._readback import _CACHES
 from ._readback import _decode as _read
+from ._tables import CONST, NAME, Tables
 
 TYPE_CHECKING = False  # (typing costs every start ~2 ms: type checkers only)
 if TYPE_CHECKING:
@@ -260,39 +261,21 @@ def _covered(code: types.CodeType, info: CodeInfo, start: int,
 
 def _grown(consts: list, names: tuple[str, ...], mark: tuple, mark_first: bool
            ) -> tuple[list, list[str], list[int], list[int]]:
-    """The constant and name tables with ``_TAIL``'s values, as
-    ``_assemble._Tables`` grows them: in the order of ``_TAIL``'s lookups
-    (its shared part's first, then the trap's mark) or, ``mark_first``, in
-    the order of its instructions (the mark's first: where the shared part
-    is laid out as instructions); and each value's index."""
+    """The constant and name tables with ``_TAIL``'s values, grown as the
+    rewrite grows them (``_tables.Tables``): in the order of ``_TAIL``'s
+    lookups (its shared part's first, then the trap's mark) or,
+    ``mark_first``, in the order of its instructions (the mark's first:
+    where the shared part is laid out as instructions); and each value's
+    index."""
     assert _TAIL is not None
     new_consts, mark_at, new_names = _TAIL[2], _TAIL[3], _TAIL[4]
-    consts = list(consts)
-    const_at: dict = {}
-    for i, value in enumerate(consts):
-        if value is None or type(value) in (int, str):
-            const_at.setdefault((type(value), value), i)
+    tables = Tables(list(consts), list(names))
     at_const = [0] * len(new_consts)
-    order = range(len(new_consts))
-    if mark_first:
-        order = [mark_at, *(k for k in order if k != mark_at)]  # type: ignore[assignment]
-    for k in order:
-        value = mark if k == mark_at else new_consts[k]
-        at = const_at.get((type(value), value))
-        if at is None:
-            at = const_at[(type(value), value)] = len(consts)
-            consts.append(value)
-        at_const[k] = at
-    out_names = list(names)
-    name_at = {name: i for i, name in enumerate(out_names)}
-    at_name = []
-    for name in new_names:
-        at = name_at.get(name)
-        if at is None:
-            at = name_at[name] = len(out_names)
-            out_names.append(name)
-        at_name.append(at)
-    return consts, out_names, at_const, at_name
+    order = [mark_at] if mark_first else []
+    for k in order + [k for k in range(len(new_consts)) if not (mark_first and k == mark_at)]:
+        at_const[k] = tables.index(CONST, mark if k == mark_at else new_consts[k])
+    at_name = [tables.index(NAME, (name, 0)) for name in new_names]
+    return tables.consts, tables.names, at_const, at_name
 
 
 NO_LOCATION = 15  # the location-table code of "no location" (3.11+)
